@@ -1,0 +1,56 @@
+"""metrics.py against the sacrebleu command line on the same files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from transformer_cli.errors import DataError
+from transformer_cli.metrics import corpus_scores, format_table, score_files
+
+HYPS = ["The cat sat on the mat .", "A dog runs  ", "", "Hello World", "Zwei Männer, die reden."]
+REFS = ["the cat sat on a mat.", "A dog is running", "something", "hello world", "Two men talking."]
+
+
+def sacrebleu_cli(ref, hyp, *extra) -> list[dict]:
+    """Scores printed by the sacrebleu CLI (JSON, 6 decimals)."""
+    exe = shutil.which("sacrebleu")
+    cmd = [exe] if exe else [sys.executable, "-m", "sacrebleu"]
+    out = subprocess.run([*cmd, str(ref), "-i", str(hyp), "-w", "6", "-f", "json", *extra],
+                         capture_output=True, text=True, check=True).stdout
+    data = json.loads(out)
+    return data if isinstance(data, list) else [data]
+
+
+def test_scores_equal_sacrebleu_cli(tmp_path):
+    hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+    hyp.write_text("\n".join(HYPS) + "\n", encoding="utf-8")
+    ref.write_text("\n".join(REFS) + "\n", encoding="utf-8")
+    scores = score_files(hyp, ref)
+    bleu, chrf = sacrebleu_cli(ref, hyp, "-m", "bleu", "chrf")
+    (bleu_lc,) = sacrebleu_cli(ref, hyp, "-m", "bleu", "--lowercase")
+    assert round(scores["bleu"], 6) == pytest.approx(bleu["score"], abs=1e-6)
+    assert round(scores["chrf"], 6) == pytest.approx(chrf["score"], abs=1e-6)
+    assert round(scores["bleu_lc"], 6) == pytest.approx(bleu_lc["score"], abs=1e-6)
+    assert scores["bleu_signature"] == bleu["signature"]
+    assert scores["chrf_signature"] == chrf["signature"]
+    assert scores["bleu_lc_signature"] == bleu_lc["signature"]
+    assert scores["bleu_lc"] > scores["bleu"]  # casing errors in HYPS only cost cased BLEU
+    assert "BLEU" in format_table(scores) and bleu["signature"] in format_table(scores)
+
+
+def test_perfect_hypotheses_score_100():
+    scores = corpus_scores(REFS[:2], REFS[:2])
+    assert scores["bleu"] == pytest.approx(100.0) and scores["chrf"] == pytest.approx(100.0)
+
+
+def test_line_count_mismatch_names_both_files(tmp_path):
+    hyp, ref = tmp_path / "h.txt", tmp_path / "r.txt"
+    hyp.write_text("a\nb\n", encoding="utf-8")
+    ref.write_text("a\nb\nc\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"h\.txt has 2 lines but .*r\.txt has 3"):
+        score_files(hyp, ref)
