@@ -71,6 +71,27 @@ def info() -> None:
     typer.echo(f"device {device.type} ({name}, {torch.get_num_threads()} CPU threads)")
 
 
+@app.command("config")
+def config_cmd(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config file (default: built-in defaults)."),
+    sets: Optional[List[str]] = SetOpt,
+    run_dir: Optional[Path] = RunDirOpt,
+    doc: bool = typer.Option(False, "--doc", help="Print the reference of every config key (Markdown)."),
+) -> None:
+    """Print the resolved config (after --set overrides) as YAML, or the key reference with --doc."""
+    import yaml
+
+    from .config import config_doc, load_config
+
+    if doc:
+        typer.echo(config_doc(), nl=False)
+        return
+    cfg = load_config(config, sets)
+    if run_dir is not None:
+        cfg.run_dir = str(run_dir)
+    typer.echo(yaml.safe_dump(cfg.to_dict(), sort_keys=False), nl=False)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """Entry point: run the app, turning user errors into `error: ...` and an exit code."""
     try:

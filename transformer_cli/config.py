@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,18 +28,18 @@ class DataConfig:
 
     format: str = "text"  # text | tsv | jsonl | hub
     path: str = "data/multi30k"  # folder of the files (text/tsv/jsonl), or hub dataset name
-    src_lang: str = "de"
-    tgt_lang: str = "en"
+    src_lang: str = "de"  # source language code (file suffix / column)
+    tgt_lang: str = "en"  # target language code (file suffix / column)
     train_split: str = "train"  # file stem (text: train.de.gz) or hub split name
-    valid_split: str = "val"
-    test_split: str = "test_2016_flickr"
+    valid_split: str = "val"  # validation split (model selection)
+    test_split: str = "test_2016_flickr"  # test split (final scores only)
     src_field: str = ""  # tsv/jsonl/hub column of the source (default: src_lang)
     tgt_field: str = ""  # tsv/jsonl/hub column of the target (default: tgt_lang)
     translation_field: str = ""  # hub: dict column holding {src_lang: ..., tgt_lang: ...} (wmt14)
     hub_config: str = ""  # hub: dataset config name, e.g. "de-en"
     download: bool = True  # fetch Multi30k into `path` when its files are missing
     max_train_pairs: int = 0  # keep the first N training pairs (0 = all)
-    normalize_whitespace: bool = True
+    normalize_whitespace: bool = True  # collapse runs of whitespace, strip ends
     max_len: int = 128  # drop training pairs longer than this many subword tokens on either side
     max_ratio: float = 3.0  # drop training pairs whose length ratio exceeds this (0 = off)
     dedup: bool = False  # drop repeated training pairs
@@ -49,24 +51,24 @@ class TokenizerConfig:
     """Sentencepiece settings."""
 
     model_type: str = "unigram"  # unigram | bpe
-    vocab_size: int = 8000
+    vocab_size: int = 8000  # subword vocabulary size (per model when not joint)
     joint: bool = True  # one vocabulary for both languages (needed for tied embeddings)
-    character_coverage: float = 1.0
+    character_coverage: float = 1.0  # share of characters covered by the vocabulary
     input_sentence_size: int = 1_000_000  # sample at most this many sentences to train on
-    seed: int = 1
+    seed: int = 1  # seed for sentence sampling
 
 
 @dataclass
 class ModelConfig:
     """Transformer shape."""
 
-    d_model: int = 256
-    num_heads: int = 4
-    ff_size: int = 1024
-    encoder_layers: int = 3
-    decoder_layers: int = 3
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
+    d_model: int = 256  # width of embeddings and hidden states
+    num_heads: int = 4  # attention heads; must divide d_model
+    ff_size: int = 1024  # inner size of the position-wise feed-forward network
+    encoder_layers: int = 3  # encoder blocks
+    decoder_layers: int = 3  # decoder blocks
+    dropout: float = 0.1  # dropout on embeddings, sublayer outputs and FFN
+    attention_dropout: float = 0.0  # dropout on attention weights
     activation: str = "relu"  # relu | gelu
     norm: str = "post"  # post (original paper) | pre (final LayerNorm after each stack)
     tie_embeddings: bool = True  # share source, target and output matrices (joint vocab only)
@@ -77,21 +79,21 @@ class ModelConfig:
 class TrainConfig:
     """Optimisation, precision, stopping, validation and checkpointing."""
 
-    seed: int = 1
+    seed: int = 1  # seeds data order, dropout and initialisation
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     threads: int = 0  # CPU threads for torch (0 = torch's default)
     precision: str = "fp32"  # fp32 | bf16 | fp16 (fp16 on CUDA only)
     max_tokens: int = 4096  # tokens per batch on the larger side, padding included
     update_freq: int = 1  # gradient accumulation steps per update
     optimizer: str = "adam"  # adam | adamw
-    lr: float = 5e-4
-    betas: list = field(default_factory=lambda: [0.9, 0.98])
-    eps: float = 1e-9
-    weight_decay: float = 0.0
+    lr: float = 5e-4  # peak learning rate
+    betas: list = field(default_factory=lambda: [0.9, 0.98])  # Adam betas
+    eps: float = 1e-9  # Adam epsilon
+    weight_decay: float = 0.0  # decoupled for adamw, L2 for adam
     schedule: str = "inverse_sqrt"  # inverse_sqrt | constant | cosine
-    warmup_steps: int = 4000
+    warmup_steps: int = 4000  # linear warmup updates
     min_lr: float = 0.0  # cosine floor
-    label_smoothing: float = 0.1
+    label_smoothing: float = 0.1  # label smoothing of the cross-entropy
     clip_norm: float = 1.0  # 0 = no clipping
     max_steps: int = 0  # 0 = no limit
     max_epochs: int = 0  # 0 = no limit
@@ -99,10 +101,10 @@ class TrainConfig:
     valid_every: int = 1000  # updates between validations (and checkpoints)
     valid_metric: str = "bleu"  # bleu | chrf | loss
     valid_beam: int = 1  # beam used to decode the validation set (1 = greedy)
-    keep_best: int = 5
+    keep_best: int = 5  # best checkpoints kept by valid_metric
     keep_last: int = 10  # periodic checkpoints kept for averaging
     patience: int = 0  # validations without improvement before stopping (0 = off)
-    log_every: int = 100
+    log_every: int = 100  # updates between log lines / metrics rows
     compile: bool = False  # torch.compile the model
 
 
@@ -110,20 +112,20 @@ class TrainConfig:
 class DecodeConfig:
     """Search settings used by translate, eval and validation."""
 
-    beam: int = 5
+    beam: int = 5  # beam size (1 = greedy)
     alpha: float = 0.6  # GNMT length penalty exponent
     max_len_a: float = 1.5  # output at most a * source_length + b tokens
-    max_len_b: int = 10
-    min_len: int = 0
+    max_len_b: int = 10  # see max_len_a
+    min_len: int = 0  # no end-of-sentence before this many tokens
     max_tokens: int = 8000  # source tokens per decoding batch
-    nbest: int = 1
-    sampling: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
+    nbest: int = 1  # hypotheses returned per sentence
+    sampling: bool = False  # sample instead of search (top_k / top_p / temperature)
+    temperature: float = 1.0  # sampling temperature
+    top_k: int = 0  # sample from the k most likely tokens (0 = all)
+    top_p: float = 1.0  # nucleus sampling mass
     checkpoint: str = "best"  # best | last | averaged | path to a .safetensors file
-    precision: str = "fp32"
-    device: str = "auto"
+    precision: str = "fp32"  # fp32 | bf16 | fp16
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
 
 
 @dataclass
@@ -138,7 +140,7 @@ class EvalConfig:
 class Config:
     """A whole tcli job."""
 
-    run_dir: str = "runs/default"
+    run_dir: str = "runs/default"  # where the run writes everything
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -368,12 +370,41 @@ def save_config(cfg: Config, path: Path) -> None:
     atomic_write_text(Path(path), yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
 
-def config_fields() -> list[tuple[str, str, Any]]:
-    """(key, type name, default) for every field: the reference table in docs/config.md."""
-    rows = [("run_dir", "str", Config().run_dir)]
+def _field_comments(cls) -> dict[str, str]:
+    """The trailing `# comment` of each field line in a dataclass's source: the key's help text."""
+    comments = {}
+    for line in inspect.getsource(cls).splitlines():
+        match = re.match(r"\s+(\w+): [^=]+=.*?#\s*(.*)$", line)
+        if match:
+            comments[match.group(1)] = match.group(2)
+    return comments
+
+
+def config_fields() -> list[tuple[str, str, Any, str]]:
+    """(key, type name, default, help) for every field: the reference table in docs/config.md."""
+    rows = [("run_dir", "str", Config().run_dir, _field_comments(Config)["run_dir"])]
     for name, cls in SECTIONS.items():
         hints = typing.get_type_hints(cls)
+        helps = _field_comments(cls)
         for f in dataclasses.fields(cls):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            rows.append((f"{name}.{f.name}", getattr(hints[f.name], "__name__", str(hints[f.name])), default))
+            typ = getattr(hints[f.name], "__name__", str(hints[f.name]))
+            rows.append((f"{name}.{f.name}", typ, default, helps.get(f.name, "")))
     return rows
+
+
+def config_doc() -> str:
+    """Markdown reference of every config key (docs/config.md is this text)."""
+    lines = [
+        "# Config reference",
+        "",
+        "Every key a tcli config accepts, its type and default. Generated by `tcli config --doc`",
+        "from `transformer_cli/config.py` (a test keeps this file in sync). Override any key on the",
+        "command line with `--set section.key=value`.",
+        "",
+        "| key | type | default | meaning |",
+        "|---|---|---|---|",
+    ]
+    for key, typ, default, help_text in config_fields():
+        lines.append(f"| `{key}` | {typ} | `{yaml.safe_dump(default, default_flow_style=True).strip().removesuffix(chr(10) + '...')}` | {help_text.replace('|', chr(92) + '|')} |")
+    return "\n".join(lines) + "\n"
