@@ -247,23 +247,32 @@ class MultiHeadAttention(nn.Module):
                 mask = cm if mask is None else mask & cm
         # (a single query at the end of the cache may see every key: no causal mask needed)
 
-        if need_weights:  # explicit path: the same numbers, plus the weights for plots
-            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))  # (B, H, Tq, Tk)
-            weights = masked_softmax(scores, mask=mask)
-            out = F.dropout(weights, dropout_p, self.training) @ v  # (B, H, Tq, D)
-            return out, weights
-
+        # A query row with no key to attend to must give zeros. The check reduces the mask only (no
+        # H, no D axis): for padding masks (B, 1, 1, Tk) it is nearly free. On CPU the branch is
+        # free too, so the common case (no empty row) pays for nothing more; on other devices we
+        # skip the branch (it would wait for the device) and always take the safe route.
         empty_rows = None
         if mask is not None:
-            # SDPA may return NaN for a query row with no key to attend to (backend dependent). Let
-            # such rows attend everywhere, then zero them. The check reduces the mask only (no H,
-            # no D axis): for padding masks (B, 1, 1, Tk) it is nearly free. On CPU the branch is
-            # free too, so the common case (no empty row) pays for nothing else; elsewhere we skip
-            # the branch to avoid a device-host sync.
             has_key = mask.any(dim=-1, keepdim=True)  # (..., Tq, 1)
             if q.device.type != "cpu" or not bool(has_key.all()):
                 empty_rows = ~has_key
-                mask = mask | empty_rows
+
+        if need_weights:  # explicit path: the same numbers, plus the weights for plots
+            scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)  # (B, H, Tq, Tk)
+            if mask is not None:
+                # in place on our own scores; exp(finfo.min - max) is exactly 0 in every dtype, so
+                # masked entries of a row with at least one key get exactly 0 without a multiply
+                scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
+            weights = F.softmax(scores, dim=-1)
+            if empty_rows is not None:
+                weights = weights.masked_fill(empty_rows, 0.0)  # those rows came out uniform
+            out = (F.dropout(weights, dropout_p) if dropout_p > 0 else weights) @ v  # (B, H, Tq, D)
+            return out, weights
+
+        if empty_rows is not None:
+            # SDPA may return NaN for such rows (backend dependent): let them attend everywhere,
+            # then zero them.
+            mask = mask | empty_rows
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
         if empty_rows is not None:
             out = out.masked_fill(empty_rows, 0.0)  # (B, H, Tq, D)
