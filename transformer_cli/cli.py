@@ -92,6 +92,38 @@ def config_cmd(
     typer.echo(yaml.safe_dump(cfg.to_dict(), sort_keys=False), nl=False)
 
 
+@app.command()
+def prepare(
+    config: Path = ConfigOpt,
+    sets: Optional[List[str]] = SetOpt,
+    run_dir: Optional[Path] = RunDirOpt,
+    quiet: bool = QuietOpt,
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """Read, clean, tokenize and encode the config's data into the run directory (cached)."""
+    import json
+
+    from .data import format_summary, prepare as prepare_data
+
+    cfg = load_cli_config(config, sets, run_dir)
+    summary = prepare_data(cfg, Path(cfg.run_dir), quiet=quiet)
+    typer.echo(json.dumps(summary, indent=2) if as_json else format_summary(summary))
+
+
+@app.command()
+def download(
+    name: str = typer.Argument(..., help="Data set to fetch: multi30k."),
+    dest: Optional[Path] = typer.Option(None, "--dest", help="Target folder (default: data/NAME)."),
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="Mirror URL holding the files (http(s):// or file://)."),
+    quiet: bool = QuietOpt,
+) -> None:
+    """Fetch a public data set's files and check their sha256 sums (Multi30k task 1: de, en, fr)."""
+    from .download import download_dataset
+
+    for path in download_dataset(name, dest or Path("data") / name, base_url=base_url, quiet=quiet):
+        typer.echo(str(path))
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """Entry point: run the app, turning user errors into `error: ...` and an exit code."""
     try:

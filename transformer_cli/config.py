@@ -55,6 +55,7 @@ class TokenizerConfig:
     joint: bool = True  # one vocabulary for both languages (needed for tied embeddings)
     character_coverage: float = 1.0  # share of characters covered by the vocabulary
     input_sentence_size: int = 1_000_000  # sample at most this many sentences to train on
+    byte_fallback: bool = True  # spell unseen characters as UTF-8 byte pieces instead of the unknown id (uses 256 ids)
     seed: int = 1  # seed for sentence sampling
 
 

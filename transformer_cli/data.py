@@ -1,0 +1,483 @@
+"""Parallel data: read a split (text/TSV/JSONL files or a `datasets` hub data set), clean the training
+pairs, train the tokenizer, encode, and cache everything in the run directory.
+
+Layout written by `prepare`:
+  run_dir/tokenizer/   sentencepiece model(s) + tokenizer.json (special ids, settings, cache key)
+  run_dir/data/        {train,valid,test}.npz (flat int32 ids + int64 offsets per side),
+                       {split}.text.json (the raw lines kept), meta.json (cache key + summary)
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import itertools
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from .config import Config, DataConfig, save_config
+from .download import sha256_file
+from .errors import DataError
+from .io_utils import atomic_path, atomic_write_text
+
+SPLITS = ("train", "valid", "test")
+CACHE_VERSION = 1  # bump when the files written here change meaning
+# Data keys that change neither the tokenizer nor the encoded splits.
+_NOT_IN_KEY = {"num_proc", "download"}
+# Data keys that change the encoded splits but not the tokenizer's training text.
+_NOT_IN_TOKENIZER_KEY = _NOT_IN_KEY | {"max_len", "max_ratio", "valid_split", "test_split"}
+
+
+# ----------------------------------------------------------------------------- encoded splits
+class Ragged(Sequence):
+    """A list of int32 arrays stored as one flat array plus offsets (no per-sentence objects)."""
+
+    def __init__(self, flat: np.ndarray, offsets: np.ndarray):
+        self.flat, self.offsets = flat, offsets
+
+    @classmethod
+    def from_lists(cls, lists: Sequence[Sequence[int]]) -> "Ragged":
+        lens = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+        offsets = np.zeros(len(lists) + 1, dtype=np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        flat = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.int32, count=int(offsets[-1]))
+        return cls(flat, offsets)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self.flat[self.offsets[i]:self.offsets[i + 1]]
+
+    def select(self, index: np.ndarray) -> "Ragged":
+        """The rows at `index`, as a new Ragged."""
+        lens = self.lengths[index]
+        offsets = np.zeros(len(index) + 1, dtype=np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        # Position of every kept token in the old flat array, without a Python loop over tokens.
+        starts = np.repeat(self.offsets[:-1][index] - offsets[:-1], lens)
+        return Ragged(self.flat[starts + np.arange(offsets[-1])], offsets)
+
+
+@dataclass
+class EncodedSplit:
+    """One prepared split: bare subword ids (no specials) and the raw text lines they came from."""
+
+    src: Ragged
+    tgt: Ragged
+    text_path: Path | None = None
+    _text: dict | None = field(default=None, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    @property
+    def src_lens(self) -> np.ndarray:
+        """Bare source lengths (add 1 for EOS)."""
+        return self.src.lengths
+
+    @property
+    def tgt_lens(self) -> np.ndarray:
+        """Bare target lengths (add 1 for BOS or EOS)."""
+        return self.tgt.lengths
+
+    @cached_property
+    def _texts(self) -> dict:
+        # Loaded on first use: training never needs the training text.
+        if self._text is not None:
+            return self._text
+        return json.loads(Path(self.text_path).read_text(encoding="utf-8"))
+
+    @property
+    def src_text(self) -> list[str]:
+        return self._texts["src"]
+
+    @property
+    def tgt_text(self) -> list[str]:
+        return self._texts["tgt"]
+
+
+def load_split(run_dir: str | Path, name: str) -> EncodedSplit:
+    """Load a split `tcli prepare` encoded: name is train, valid or test."""
+    if name not in SPLITS:
+        raise ValueError(f"split name must be one of {SPLITS}, got {name!r}")
+    path = Path(run_dir) / "data" / f"{name}.npz"
+    if not path.is_file():
+        raise DataError(f"{path}: the {name} split is not prepared; run `tcli prepare` with this run dir")
+    try:
+        with np.load(path) as z:
+            src, tgt = Ragged(z["src_ids"], z["src_offsets"]), Ragged(z["tgt_ids"], z["tgt_offsets"])
+    except (OSError, ValueError, KeyError) as e:
+        raise DataError(f"{path}: cannot read the encoded split ({e}); rerun `tcli prepare`") from None
+    return EncodedSplit(src, tgt, path.with_suffix(".text.json"))
+
+
+def _save_split(folder: Path, name: str, src: Ragged, tgt: Ragged, src_text: list, tgt_text: list) -> None:
+    def save(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            np.savez(f, src_ids=src.flat, src_offsets=src.offsets, tgt_ids=tgt.flat, tgt_offsets=tgt.offsets)
+
+    with atomic_path(folder / f"{name}.npz") as tmp:
+        save(tmp)
+    atomic_write_text(folder / f"{name}.text.json", json.dumps({"src": src_text, "tgt": tgt_text}, ensure_ascii=False))
+
+
+# ----------------------------------------------------------------------------- reading sources
+def _log(message: str, quiet: bool) -> None:
+    if not quiet:
+        print(message, file=sys.stderr, flush=True)
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        raw = path.read_bytes()
+        return gzip.decompress(raw) if path.suffix == ".gz" else raw
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found") from None
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        raise DataError(f"{path}: cannot read the file ({e})") from None
+
+
+def _decode_utf8(path: Path, raw: bytes) -> str:
+    """Decode a whole file, naming the first bad line when it is not UTF-8."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise DataError(f"{path}: line {line} is not valid UTF-8 (byte {e.start}); convert the file to UTF-8") from None
+
+
+def read_lines(path: Path) -> list[str]:
+    """All lines of a plain or .gz UTF-8 file, empty ones included (only '\\n' ends a line)."""
+    text = _decode_utf8(path, _read_bytes(path))
+    lines = text.split("\n")  # not splitlines(): U+2028 or \x0c inside a sentence must not split it
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def _find(folder: Path, stem: str) -> Path | None:
+    for name in (stem, stem + ".gz"):
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def source_files(d: DataConfig, split: str, quiet: bool = True) -> list[Path]:
+    """The local files holding one split (downloading Multi30k when allowed); [] for a hub data set."""
+    folder = Path(d.path)
+    if d.format == "hub":
+        return sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")) if folder.is_dir() else []
+    stems = [f"{split}.{d.src_lang}", f"{split}.{d.tgt_lang}"] if d.format == "text" else [f"{split}.{d.format}"]
+    found = [_find(folder, s) for s in stems]
+    missing = [s for s, p in zip(stems, found) if p is None]
+    if missing and d.format == "text" and d.download:
+        from . import download
+
+        if all(download.is_multi30k_file(s + ".gz") for s in missing):
+            download.fetch_for_prepare(folder, [s + ".gz" for s in missing], quiet)
+            found = [_find(folder, s) for s in stems]
+            missing = [s for s, p in zip(stems, found) if p is None]
+    if missing:
+        raise DataError(
+            f"{folder / missing[0]}: file not found (also tried .gz); set data.path/data.{'train' if split == d.train_split else 'valid' if split == d.valid_split else 'test'}_split "
+            f"or put the {d.format} files there"
+        )
+    return found
+
+
+def _columns(d: DataConfig) -> tuple[str, str]:
+    if d.translation_field:
+        return f"{d.translation_field}.{d.src_lang}", f"{d.translation_field}.{d.tgt_lang}"
+    return d.src_field or d.src_lang, d.tgt_field or d.tgt_lang
+
+
+def _datasets(quiet: bool, local: bool):
+    """Import `datasets` configured for us: offline for local sources, progress bars only when not quiet."""
+    if local:  # read by datasets at import time; keeps a local load from trying the network
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import datasets
+
+    datasets.utils.logging.set_verbosity_error()
+    datasets.disable_progress_bars() if quiet else datasets.enable_progress_bars()
+    return datasets
+
+
+def _pairs_from_dataset(ds, d: DataConfig, where: str) -> tuple[list[str], list[str]]:
+    """Pull the source/target columns out of a `datasets.Dataset` as two lists of strings."""
+    src_col, tgt_col = _columns(d)
+    if d.translation_field:
+        if d.translation_field not in ds.column_names:
+            raise DataError(f"{where}: no column '{d.translation_field}' (data.translation_field); columns are {', '.join(ds.column_names)}")
+        ds = ds.flatten()  # translation: {de: .., en: ..} -> columns translation.de, translation.en
+    out = []
+    for col, key in ((src_col, "src_field"), (tgt_col, "tgt_field")):
+        if col not in ds.column_names:
+            raise DataError(
+                f"{where}: no column '{col}' (set data.{key} or data.translation_field); columns are {', '.join(ds.column_names)}"
+            )
+        values = ds.data.column(col).to_pylist()
+        bad = next((v for v in values if v is not None and not isinstance(v, str)), None)
+        if bad is not None:
+            raise DataError(f"{where}: column '{col}' holds {type(bad).__name__} values, not text")
+        out.append(["" if v is None else v for v in values])
+    return out[0], out[1]
+
+
+def _first_bad_json_line(path: Path) -> str:
+    for number, line in enumerate(read_lines(path), 1):
+        try:
+            if line.strip():
+                json.loads(line)
+        except ValueError as e:
+            return f"line {number} is not valid JSON ({e})"
+    return "not valid JSON Lines"
+
+
+def read_pairs(d: DataConfig, split: str, quiet: bool = True) -> tuple[list[str], list[str]]:
+    """Source and target lines of one split (a file stem or hub split name), in file order."""
+    files = source_files(d, split, quiet)
+    if d.format == "text":
+        src, tgt = read_lines(files[0]), read_lines(files[1])
+        if len(src) != len(tgt):
+            raise DataError(
+                f"{files[0]} has {len(src)} lines but {files[1]} has {len(tgt)} lines; parallel files must align line by line"
+            )
+        return src, tgt
+    if d.format == "hub":
+        return _read_hub(d, split, quiet, local=Path(d.path).is_dir())
+    path = files[0]
+    text = _decode_utf8(path, _read_bytes(path))  # datasets would not name the line
+    ds_lib = _datasets(quiet, local=True)
+    try:
+        if d.format == "tsv":
+            columns = text.split("\n", 1)[0].rstrip("\r").split("\t")
+            features = ds_lib.Features({c: ds_lib.Value("string") for c in columns})
+            ds = ds_lib.load_dataset(
+                "csv", data_files=str(path), split="train", delimiter="\t", quoting=3, features=features,
+                na_filter=False, keep_default_na=False, skip_blank_lines=False,  # "NA" is a sentence
+            )
+        else:
+            ds = ds_lib.load_dataset("json", data_files=str(path), split="train")
+    except Exception as e:  # datasets wraps parser errors in its own types
+        cause = e.__cause__ or e
+        if d.format == "jsonl":
+            raise DataError(f"{path}: {_first_bad_json_line(path)}") from None
+        raise DataError(f"{path}: cannot parse the TSV file ({str(cause).splitlines()[0]}); it needs a header row and one tab per line") from None
+    return _pairs_from_dataset(ds, d, str(path))
+
+
+def _read_hub(d: DataConfig, split: str, quiet: bool, local: bool) -> tuple[list[str], list[str]]:
+    """Load one split of a hub data set (or a local folder shaped like one) with `datasets.load_dataset`."""
+    ds_lib = _datasets(quiet, local)
+    where = f"data.path '{d.path}'" + (f" (config '{d.hub_config}')" if d.hub_config else "")
+    try:
+        ds = ds_lib.load_dataset(d.path, d.hub_config or None, split=split)
+    except ValueError as e:
+        if "split" in str(e).lower():
+            raise DataError(f"{where}: no split '{split}' ({str(e).splitlines()[0]}); set data.*_split") from None
+        raise DataError(f"{where}: cannot load the data set ({str(e).splitlines()[0]})") from None
+    except (ConnectionError, OSError, FileNotFoundError) as e:
+        raise DataError(
+            f"{where}: cannot load the data set ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+            "check the name and network, or point data.path at a local copy"
+        ) from None
+    except Exception as e:  # datasets has many error types (DatasetNotFoundError, ...): report, no traceback
+        if type(e).__module__.split(".")[0] not in ("datasets", "huggingface_hub", "fsspec", "requests"):
+            raise
+        raise DataError(f"{where}: cannot load the data set ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    return _pairs_from_dataset(ds, d, f"{where} split '{split}'")
+
+
+# ----------------------------------------------------------------------------- cleaning
+def normalize(text: str) -> str:
+    """Collapse every run of whitespace to one space and strip the ends."""
+    return " ".join(text.split())
+
+
+def clean_text_pairs(d: DataConfig, src: list[str], tgt: list[str]) -> tuple[np.ndarray, dict]:
+    """Indices of the training pairs kept by the text filters (empty, dedup), and the counts dropped."""
+    keep, seen, counts = [], set(), {"empty": 0, "duplicate": 0}
+    for i, (s, t) in enumerate(zip(src, tgt)):
+        if not s or not t:
+            counts["empty"] += 1
+        elif d.dedup and (s, t) in seen:
+            counts["duplicate"] += 1
+        else:
+            keep.append(i)
+            if d.dedup:
+                seen.add((s, t))
+    return np.asarray(keep, dtype=np.int64), counts
+
+
+def length_filter(d: DataConfig, src_lens: np.ndarray, tgt_lens: np.ndarray) -> tuple[np.ndarray, dict]:
+    """Boolean mask of the training pairs within data.max_len and data.max_ratio, and the counts dropped."""
+    too_long = (src_lens > d.max_len) | (tgt_lens > d.max_len)
+    counts = {"too_long": int(too_long.sum()), "ratio": 0}
+    ok = ~too_long
+    if d.max_ratio > 0:
+        lo, hi = np.minimum(src_lens, tgt_lens), np.maximum(src_lens, tgt_lens)
+        bad_ratio = ok & (hi > d.max_ratio * np.maximum(lo, 1))
+        counts["ratio"] = int(bad_ratio.sum())
+        ok &= ~bad_ratio
+    return ok, counts
+
+
+# ----------------------------------------------------------------------------- cache keys
+def fingerprint_files(files: list[Path], known: dict) -> dict:
+    """{path: {size, mtime_ns, sha256}}; the sha is reused from `known` while size and mtime match.
+
+    The key depends on the content (a `touch` or a copy does not rebuild), but the content is
+    only read again when the file's size or modification time changed.
+    """
+    out = {}
+    for path in files:
+        st = path.stat()
+        old = known.get(str(path), {})
+        same = old.get("size") == st.st_size and old.get("mtime_ns") == st.st_mtime_ns
+        out[str(path)] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                          "sha256": old["sha256"] if same and "sha256" in old else sha256_file(path)}
+    return out
+
+
+def _key(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+# ----------------------------------------------------------------------------- prepare
+def split_stems(d: DataConfig) -> dict:
+    """{train/valid/test: file stem or hub split}; an empty valid/test name means no such split."""
+    stems = {"train": d.train_split, "valid": d.valid_split, "test": d.test_split}
+    return {name: stem for name, stem in stems.items() if stem}
+
+
+def _read_meta(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def prepare(cfg: Config, run_dir: str | Path, quiet: bool = False) -> dict:
+    """Read, clean, tokenize and encode every split into run_dir (or reuse the cache); returns a summary."""
+    from .tokenizer import Tokenizer, train_tokenizer
+
+    start = time.perf_counter()
+    d = cfg.data
+    run_dir = Path(run_dir)
+    data_dir, tok_dir = run_dir / "data", run_dir / "tokenizer"
+    save_config(cfg, run_dir / "config.yaml")
+    stems = split_stems(d)
+    if "train" not in stems:
+        raise DataError("key 'data.train_split' is empty; name the training split")
+
+    meta = _read_meta(data_dir / "meta.json")
+    files = {name: source_files(d, stem, quiet) for name, stem in stems.items()}
+    prints = {name: fingerprint_files(fs, meta.get("files", {})) for name, fs in files.items()}
+    settings = {k: v for k, v in asdict(d).items() if k not in _NOT_IN_KEY}
+    tok_settings = {k: v for k, v in settings.items() if k not in _NOT_IN_TOKENIZER_KEY}
+    sha = {name: [f["sha256"] for f in p.values()] for name, p in prints.items()}
+    tok_key = _key(CACHE_VERSION, tok_settings, asdict(cfg.tokenizer), sha["train"])
+    data_key = _key(CACHE_VERSION, settings, asdict(cfg.tokenizer), sha)
+    all_prints = {k: v for p in prints.values() for k, v in p.items()}
+
+    outputs = [data_dir / f"{name}{ext}" for name in stems for ext in (".npz", ".text.json")]
+    if meta.get("key") == data_key and all(p.is_file() for p in outputs) and (tok_dir / "tokenizer.json").is_file():
+        if meta.get("files") != all_prints:  # contents equal, stat changed: remember the new stat
+            atomic_write_text(data_dir / "meta.json", json.dumps({**meta, "files": all_prints}, indent=1))
+        _log(f"prepare: {run_dir} is up to date (same data files and settings); nothing to do", quiet)
+        return {**meta["summary"], "cached": True, "seconds": round(time.perf_counter() - start, 3)}
+
+    # Read and clean.
+    raw = {}
+    for name, stem in stems.items():
+        src, tgt = read_pairs(d, stem, quiet)
+        if name == "train" and d.max_train_pairs:
+            src, tgt = src[: d.max_train_pairs], tgt[: d.max_train_pairs]
+        if not src:
+            raise DataError(f"{', '.join(map(str, files[name])) or d.path}: the {name} split ('{stem}') is empty")
+        raw[name] = (src, tgt)
+    _log(f"prepare: read {', '.join(f'{n} {len(p[0])}' for n, p in raw.items())} pairs from {d.path}", quiet)
+    norm = (lambda xs: [normalize(x) for x in xs]) if d.normalize_whitespace else (lambda xs: list(xs))
+    texts = {name: (norm(s), norm(t)) for name, (s, t) in raw.items()}
+    keep, counts = clean_text_pairs(d, *texts["train"])
+    if not len(keep):
+        raise DataError(f"{d.path}: no training pairs left after dropping empty lines")
+    train_src = [texts["train"][0][i] for i in keep]
+    train_tgt = [texts["train"][1][i] for i in keep]
+
+    # Tokenizer: reused when only settings that do not change its training text moved.
+    tok_meta = _read_meta(tok_dir / "tokenizer.json")
+    if tok_meta.get("cache_key") == tok_key:
+        tokenizer, tok_state = Tokenizer.load(tok_dir), "reused"
+    else:
+        t0 = time.perf_counter()
+        tokenizer = train_tokenizer(
+            cfg.tokenizer, train_src, train_tgt, tok_dir, verbose=os.environ.get("TCLI_DEBUG") == "1",
+            extra_meta={"cache_key": tok_key},
+        )
+        tok_state = "trained"
+        _log(f"prepare: trained a {'joint' if tokenizer.joint else 'source/target'} {cfg.tokenizer.model_type} "
+             f"tokenizer in {time.perf_counter() - t0:.1f}s", quiet)
+
+    # Encode, drop over-long training pairs, save.
+    summary_splits = {}
+    for name in stems:
+        if name == "train":
+            src_text, tgt_text, raw_index = train_src, train_tgt, keep
+        else:
+            src_text, tgt_text = texts[name]
+            raw_index = np.arange(len(src_text))
+        src = Ragged.from_lists(tokenizer.encode_src(src_text, num_threads=d.num_proc))
+        tgt = Ragged.from_lists(tokenizer.encode_tgt(tgt_text, num_threads=d.num_proc))
+        if name == "train":
+            ok, more = length_filter(d, src.lengths, tgt.lengths)
+            counts.update(more)
+            if not ok.any():
+                raise DataError(f"{d.path}: no training pairs left within data.max_len {d.max_len} and data.max_ratio {d.max_ratio}")
+            index = np.flatnonzero(ok)
+            src, tgt, raw_index = src.select(index), tgt.select(index), raw_index[index]
+        raw_src, raw_tgt = raw[name]
+        _save_split(data_dir, name, src, tgt, [raw_src[i] for i in raw_index], [raw_tgt[i] for i in raw_index])
+        summary_splits[name] = {"lines": len(raw_src), "pairs": len(src), "src_tokens": int(src.lengths.sum()),
+                                "tgt_tokens": int(tgt.lengths.sum())}
+    summary = {
+        "run_dir": str(run_dir), "tokenizer": tok_state, "joint": tokenizer.joint,
+        "src_vocab_size": tokenizer.src_vocab_size, "tgt_vocab_size": tokenizer.tgt_vocab_size,
+        "splits": summary_splits, "dropped": counts,
+    }
+    atomic_write_text(data_dir / "meta.json", json.dumps({"key": data_key, "files": all_prints, "summary": summary}, indent=1))
+    return {**summary, "cached": False, "seconds": round(time.perf_counter() - start, 3)}
+
+
+def format_summary(summary: dict) -> str:
+    """Human-readable report of a `prepare` summary (what `tcli prepare` prints on stdout)."""
+    state = "cached (nothing to do)" if summary.get("cached") else f"tokenizer {summary['tokenizer']}"
+    vocab = (f"joint vocabulary {summary['src_vocab_size']}" if summary["joint"]
+             else f"vocabularies src {summary['src_vocab_size']} / tgt {summary['tgt_vocab_size']}")
+    lines = [f"prepared {summary['run_dir']}: {state}, {vocab}, {summary['seconds']:.2f}s"]
+    for name, s in summary["splits"].items():
+        lines.append(f"  {name:5s} {s['lines']:>9,} lines -> {s['pairs']:>9,} pairs, "
+                     f"{s['src_tokens']:>11,} src / {s['tgt_tokens']:>11,} tgt tokens")
+    dropped = ", ".join(f"{k} {v:,}" for k, v in summary["dropped"].items())
+    lines.append(f"  dropped from train: {dropped}")
+    return "\n".join(lines)
