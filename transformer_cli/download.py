@@ -49,20 +49,22 @@ def fetch(url: str, dest: Path, sha256: str, quiet: bool = False, timeout: float
     """Download `url` to `dest` through a temporary file; a checksum mismatch leaves nothing at `dest`."""
     from tqdm import tqdm
 
+    try:  # connect first: an unreachable server creates no folder and no file
+        response = urllib.request.urlopen(url, timeout=timeout)
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise TcliError(f"cannot download {url}: {getattr(e, 'reason', None) or e}") from None
     h = hashlib.sha256()
-    with atomic_path(dest) as tmp:
+    with response, atomic_path(dest) as tmp:
+        size = response.headers.get("Content-Length")
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as response, open(tmp, "wb") as out:
-                size = response.headers.get("Content-Length")
-                with tqdm(total=int(size) if size else None, unit="B", unit_scale=True, desc=dest.name,
-                          file=sys.stderr, disable=quiet, leave=False) as bar:
-                    for block in iter(lambda: response.read(1 << 16), b""):
-                        out.write(block)
-                        h.update(block)
-                        bar.update(len(block))
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            reason = getattr(e, "reason", None) or e
-            raise TcliError(f"cannot download {url}: {reason}") from None
+            with open(tmp, "wb") as out, tqdm(total=int(size) if size else None, unit="B", unit_scale=True,
+                                               desc=dest.name, file=sys.stderr, disable=quiet, leave=False) as bar:
+                for block in iter(lambda: response.read(1 << 16), b""):
+                    out.write(block)
+                    h.update(block)
+                    bar.update(len(block))
+        except OSError as e:
+            raise TcliError(f"cannot download {url}: {e}") from None
         if h.hexdigest() != sha256:
             # Raising inside atomic_path removes the temporary file: nothing lands under `dest`.
             raise TcliError(

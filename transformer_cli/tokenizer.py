@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import random
 import re
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -113,15 +114,17 @@ def _from_proto(proto: bytes, name: str):
     return sp
 
 
-def _train_one(cfg: TokenizerConfig, texts: Iterable[str], name: str, verbose: bool = False) -> bytes:
-    """Train one sentencepiece model on an iterator of sentences; returns the serialized model."""
+def _train_one(cfg: TokenizerConfig, texts: Sequence[str], name: str, verbose: bool = False) -> bytes:
+    """Train one sentencepiece model on a list of sentences; returns the serialized model."""
     spm = _spm()
-    spm.set_random_generator_seed(cfg.seed)  # drives the input sentence sampling
+    if len(texts) > cfg.input_sentence_size:
+        # Sampled here, not by sentencepiece: its sampler ignores every seed we can give it.
+        rng = random.Random(cfg.seed)
+        texts = [texts[i] for i in sorted(rng.sample(range(len(texts)), cfg.input_sentence_size))]
     writer = io.BytesIO()
     options = dict(
         sentence_iterator=iter(texts), model_writer=writer, vocab_size=cfg.vocab_size,
         model_type=cfg.model_type, character_coverage=cfg.character_coverage,
-        input_sentence_size=cfg.input_sentence_size, shuffle_input_sentence=True,
         byte_fallback=cfg.byte_fallback, **SPECIAL_IDS,
         # No Unicode normalisation: decode(encode(x)) == x, so references are never altered.
         normalization_rule_name="identity", num_threads=max(1, os.cpu_count() or 1),
