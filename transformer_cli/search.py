@@ -98,7 +98,9 @@ def _next_log_probs(model, hist: torch.Tensor, memory, src_mask, cache, use_cach
 
 
 def _constrain(logp: torch.Tensor, step: int, min_len: int, max_lens: torch.Tensor) -> torch.Tensor:
-    """No EOS before min_len tokens; only EOS once a row has max_lens tokens. logp (R, V), max_lens (R,)."""
+    """No PAD/BOS ever, no EOS before min_len tokens, only EOS once a row has max_lens tokens. logp (R, V)."""
+    logp[:, PAD_ID] = NEG_INF  # never generated: PAD and BOS only ever sit in model inputs
+    logp[:, BOS_ID] = NEG_INF
     if step < min_len:
         logp[:, EOS_ID] = NEG_INF
     at_max = max_lens <= step  # (R,)
