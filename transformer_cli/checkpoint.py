@@ -65,8 +65,7 @@ def write_checkpoint(folder: str | Path, model: torch.nn.Module, info: dict, sta
     `fail_before_switch` simulates a crash after every file is written but before the switch (tests).
     """
     folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+    tmp = _temp_dir(folder)
     try:
         save_weights(model, tmp / WEIGHTS, {"step": info.get("step", "")})
         if state is not None:
@@ -79,6 +78,16 @@ def write_checkpoint(folder: str | Path, model: torch.nn.Module, info: dict, sta
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return folder
+
+
+def _temp_dir(folder: Path) -> Path:
+    """A fresh hidden folder next to `folder` with the usual permissions (mkdtemp makes it 0700)."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)
+    return tmp
 
 
 def _switch(new: Path, folder: Path) -> None:
@@ -300,7 +309,7 @@ def average(run_dir: str | Path, last: int = 0, best: int = 0, metric: str = "bl
             dtypes[key] = value.dtype
     averaged = {k: (v / len(folders)).to(dtypes[k]).contiguous() for k, v in total.items()}
     out = checkpoints_dir(run_dir) / name
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=out.parent))
+    tmp = _temp_dir(out)
     try:
         atomic_save(tmp / WEIGHTS, lambda p: save_file(averaged, str(p), metadata={"averaged": ",".join(f.name for f in folders)}))
         info = {"averaged": [f.name for f in folders], "step": max(c[0] for c in pool)}

@@ -93,6 +93,60 @@ def config_cmd(
 
 
 @app.command()
+def train(
+    config: Path = ConfigOpt,
+    sets: Optional[List[str]] = SetOpt,
+    run_dir: Optional[Path] = RunDirOpt,
+    resume: bool = typer.Option(False, "--resume", help="Continue from checkpoints/last at the exact batch."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Delete the run dir's checkpoints and metrics first."),
+    quiet: bool = QuietOpt,
+) -> None:
+    """Train a model (prepares the data first when needed); works under torchrun for several processes."""
+    import json
+    import shlex
+
+    from .train import train as run_training
+
+    cfg = load_cli_config(config, sets, run_dir)
+    words = ["tcli", "train", "--config", str(config), *[w for s in sets or [] for w in ("--set", s)]]
+    words += ["--run-dir", cfg.run_dir, "--resume"]
+    summary = run_training(cfg, resume=resume, overwrite=overwrite, quiet=quiet,
+                           resume_command=" ".join(map(shlex.quote, words)))
+    if int(os.environ.get("RANK", "0")) == 0:
+        typer.echo(json.dumps(summary))
+    if summary["exit_code"]:
+        raise typer.Exit(summary["exit_code"])
+
+
+@app.command()
+def average(
+    run_dir: Path = typer.Option(..., "--run-dir", help="Run directory holding checkpoints/step_*."),
+    last: int = typer.Option(0, "--last", help="Average the N most recent periodic checkpoints."),
+    best: int = typer.Option(0, "--best", help="Average the N best periodic checkpoints (by train.valid_metric)."),
+    output: str = typer.Option("averaged", "-o", "--output", help="Name of the folder under checkpoints/."),
+) -> None:
+    """Average checkpoint weights into checkpoints/averaged (or -o NAME)."""
+    from .checkpoint import average as average_checkpoints
+    from .config import load_config
+
+    cfg_path = run_dir / "config.yaml"
+    metric = load_config(cfg_path).train.valid_metric if cfg_path.is_file() else "bleu"
+    out, used = average_checkpoints(run_dir, last=last, best=best, metric=metric, name=output)
+    typer.echo(f"averaged {len(used)} checkpoints ({', '.join(p.name for p in used)}) into {out}")
+
+
+@app.command()
+def plot(
+    run_dir: Path = typer.Option(..., "--run-dir", help="Run directory holding metrics.jsonl."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="PNG file (default: RUN_DIR/training.png)."),
+) -> None:
+    """Draw training curves (loss, valid BLEU/chrF vs step) from metrics.jsonl to a PNG."""
+    from .plots import plot_training
+
+    typer.echo(str(plot_training(run_dir, output)))
+
+
+@app.command()
 def prepare(
     config: Path = ConfigOpt,
     sets: Optional[List[str]] = SetOpt,

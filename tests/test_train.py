@@ -1,0 +1,176 @@
+"""`tcli train` end to end on a tiny slice of Multi30k: learning, exact resume after SIGKILL, SIGTERM,
+refusals, divergence, plot and average. One uninterrupted baseline run is shared by the tests."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from .conftest import ROOT, run_tcli
+
+VOCAB = 500
+
+
+def tiny_settings(data: Path) -> list[str]:
+    """Overrides of configs/smoke.yaml: 2,000 training pairs, 1,024-token batches (~35 per epoch), 45 updates."""
+    sets = {
+        "data.path": data, "data.max_train_pairs": 0, "tokenizer.vocab_size": VOCAB,
+        "train.max_tokens": 1024, "train.max_steps": 45, "train.valid_every": 15, "train.log_every": 5,
+        "train.warmup_steps": 10, "train.threads": 1, "train.keep_last": 5, "decode.max_len_b": 3,
+    }
+    return [w for k, v in sets.items() for w in ("--set", f"{k}={v}")]
+
+
+def train_args(run_dir: Path, data: Path, *extra: str) -> list[str]:
+    return ["train", "--config", "configs/smoke.yaml", "--run-dir", str(run_dir), *tiny_settings(data), *extra]
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory, multi30k) -> Path:
+    """The first 2,000 training and 150 validation lines of Multi30k de-en, in a temp folder."""
+    folder = tmp_path_factory.mktemp("tiny_multi30k")
+    for split, count in (("train", 2000), ("val", 150), ("test_2016_flickr", 20)):
+        for lang in ("de", "en"):
+            with gzip.open(multi30k / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+                lines = [next(f) for _ in range(count)]
+            (folder / f"{split}.{lang}").write_text("".join(lines), encoding="utf-8")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory, tiny_data) -> Path:
+    """An uninterrupted run; its data/ and tokenizer/ are copied into the other runs' dirs."""
+    run_dir = tmp_path_factory.mktemp("runs") / "baseline"
+    result = run_tcli(*train_args(run_dir, tiny_data))
+    assert result.returncode == 0, result.stderr
+    return run_dir
+
+
+def prepared_copy(baseline: Path, dest: Path) -> Path:
+    """A run dir holding the baseline's prepared data and tokenizer only (no training yet)."""
+    for name in ("data", "tokenizer"):
+        shutil.copytree(baseline / name, dest / name)
+    return dest
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def start(run_dir: Path, data: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "transformer_cli", *train_args(run_dir, data, *extra)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(proc: subprocess.Popen, condition, timeout: float = 300) -> None:
+    """Poll until condition() holds; fail if the process ends first."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, f"training ended before the test could interrupt it:\n{proc.stderr.read()}"
+        assert time.monotonic() < deadline, "timed out waiting for training progress"
+        time.sleep(0.02)
+
+
+def final_weights(run_dir: Path) -> dict:
+    return load_file(str(run_dir / "checkpoints" / "last" / "model.safetensors"))
+
+
+def bitwise_equal(a: dict, b: dict) -> bool:
+    """Same tensor names and every tensor equal bit for bit (file bytes differ: safetensors' metadata order is not fixed)."""
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_training_lowers_valid_loss(baseline):
+    valid = [r for r in metrics(baseline) if "valid_loss" in r]
+    assert [r["step"] for r in valid] == [15, 30, 45]
+    losses = [r["valid_loss"] for r in valid]
+    assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0] - 0.2
+    assert valid[-1]["valid_loss"] < math.log(VOCAB) - 1.5  # a uniform guess costs ln V per token
+    assert valid[-1]["valid_ppl"] == pytest.approx(math.exp(valid[-1]["valid_loss"]), rel=1e-3)
+    assert {"valid_bleu", "valid_chrf"} <= set(valid[-1])
+    train = [r for r in metrics(baseline) if "train_loss" in r]
+    assert [r["step"] for r in train] == list(range(5, 46, 5))
+    assert all(r["tokens_per_s"] > 0 and r["lr"] > 0 for r in train)
+    ckpts = sorted(p.name for p in (baseline / "checkpoints").iterdir())
+    assert ckpts == ["best", "last", "step_00000015", "step_00000030", "step_00000045"]
+
+
+def test_sigkill_then_resume_is_bitwise_identical(baseline, tiny_data, tmp_path):
+    run_dir = prepared_copy(baseline, tmp_path / "killed")
+    proc = start(run_dir, tiny_data)
+    state = run_dir / "checkpoints" / "last" / "trainer_state.pt"
+    wait_for(proc, lambda: state.is_file() and any(r["step"] >= 20 for r in metrics(run_dir)))
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    assert proc.returncode == -signal.SIGKILL
+    progress = torch.load(state, weights_only=True)["progress"]
+    assert progress["step"] == 15 and progress["epoch"] == 1 and progress["position"] == 15  # mid-epoch
+    resumed = run_tcli(*train_args(run_dir, tiny_data, "--resume"))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stderr
+    assert bitwise_equal(final_weights(run_dir), final_weights(baseline))
+    assert [r["step"] for r in metrics(run_dir)] == [r["step"] for r in metrics(baseline)]  # no duplicates
+
+
+def test_sigterm_saves_checkpoint_and_exits_143(baseline, tiny_data, tmp_path):
+    run_dir = prepared_copy(baseline, tmp_path / "term")
+    proc = start(run_dir, tiny_data)
+    wait_for(proc, lambda: any(r["step"] >= 5 for r in metrics(run_dir)))
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "resume with:" in err and "--resume" in err
+    info = json.loads((run_dir / "checkpoints" / "last" / "info.json").read_text())
+    assert 5 <= info["step"] < 45 and json.loads(out)["step"] == info["step"]
+    resumed = run_tcli(*train_args(run_dir, tiny_data, "--resume"))
+    assert resumed.returncode == 0, resumed.stderr
+    assert bitwise_equal(final_weights(run_dir), final_weights(baseline))
+
+
+def test_refusals(baseline, tiny_data, tmp_path):
+    other = run_tcli(*train_args(baseline, tiny_data, "--set", "model.d_model=32"))
+    assert other.returncode == 2 and "different config (model.d_model: 64 -> 32)" in other.stderr
+    again = run_tcli(*train_args(baseline, tiny_data))
+    assert again.returncode == 2 and "--overwrite" in again.stderr
+    empty = prepared_copy(baseline, tmp_path / "empty")
+    nothing = run_tcli(*train_args(empty, tiny_data, "--resume"))
+    assert nothing.returncode == 2 and "holds no complete checkpoint" in nothing.stderr
+    fp16 = run_tcli(*train_args(empty, tiny_data, "--set", "train.precision=fp16", "--set", "train.device=cpu"))
+    assert fp16.returncode == 2 and "fp16" in fp16.stderr and "CUDA" in fp16.stderr
+
+
+def test_divergence_stops_without_writing_nan(baseline, tiny_data, tmp_path):
+    run_dir = prepared_copy(baseline, tmp_path / "nan")
+    result = run_tcli(*train_args(run_dir, tiny_data, "--set", "train.lr=1e30", "--set", "train.warmup_steps=1",
+                                  "--set", "train.clip_norm=0"))
+    assert result.returncode == 1, result.stderr
+    assert "diverged" in result.stderr and "at step" in result.stderr
+    assert not (run_dir / "checkpoints" / "last").exists()
+
+
+def test_plot_and_average(baseline, tmp_path):
+    png = tmp_path / "curves.png"
+    result = run_tcli("plot", "--run-dir", baseline, "-o", png)
+    assert result.returncode == 0, result.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    result = run_tcli("average", "--run-dir", baseline, "--last", "2")
+    assert result.returncode == 0, result.stderr
+    avg = load_file(str(baseline / "checkpoints" / "averaged" / "model.safetensors"))
+    a = load_file(str(baseline / "checkpoints" / "step_00000030" / "model.safetensors"))
+    b = load_file(str(baseline / "checkpoints" / "step_00000045" / "model.safetensors"))
+    for key in a:
+        assert (avg[key] - (a[key] + b[key]) / 2).abs().max() < 1e-6
