@@ -222,3 +222,22 @@ def test_max_train_pairs_and_no_test_split(sources, tmp_path):
     assert summary["splits"]["train"]["lines"] == 100 and set(summary["splits"]) == {"train", "valid"}
     with pytest.raises(DataError, match="test split is not prepared"):
         load_split(tmp_path, "test")
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"de": "a", "en": "b"}\n{"de": 7, "en": "c"}\n', "train.jsonl: line 2: 'de' is int, not text"),
+    ('{"de": 1, "en": "b"}\n{"de": 2, "en": "c"}\n', "train.jsonl: column 'de' holds int values, not text"),
+    ('{"de": "a", "en": "b"}\n["a", "b"]\n', "train.jsonl: line 2 is not a JSON object"),
+])
+def test_jsonl_values_must_be_text(tmp_path, content, message):
+    (tmp_path / "train.jsonl").write_text(content)
+    with pytest.raises(DataError, match=message):
+        read_pairs(DataConfig(format="jsonl", path=str(tmp_path)), "train")
+
+
+def test_tsv_field_counts_are_checked_and_blank_lines_are_empty_pairs(tmp_path):
+    (tmp_path / "train.tsv").write_text("de\ten\nHallo\tHello\n\nNA\tnull\n")
+    assert read_pairs(DataConfig(format="tsv", path=str(tmp_path)), "train") == (["Hallo", "", "NA"], ["Hello", "", "null"])
+    (tmp_path / "train.tsv").write_text("de\ten\nHallo\tHello\nno tab here\n")
+    with pytest.raises(DataError, match="train.tsv: line 3 has 1 tab-separated fields, the header has 2"):
+        read_pairs(DataConfig(format="tsv", path=str(tmp_path)), "train")

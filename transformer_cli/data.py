@@ -217,7 +217,7 @@ def _datasets(quiet: bool, local: bool):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import datasets
 
-    datasets.utils.logging.set_verbosity_error()
+    datasets.utils.logging.set_verbosity(datasets.utils.logging.CRITICAL)  # its errors become DataErrors
     datasets.disable_progress_bars() if quiet else datasets.enable_progress_bars()
     return datasets
 
@@ -243,14 +243,45 @@ def _pairs_from_dataset(ds, d: DataConfig, where: str) -> tuple[list[str], list[
     return out[0], out[1]
 
 
-def _first_bad_json_line(path: Path) -> str:
+def _from_data_library(e: Exception) -> bool:
+    """True for errors raised by datasets or the libraries under it (bad input, not a tcli bug)."""
+    libraries = ("datasets", "huggingface_hub", "fsspec", "requests", "pandas", "pyarrow", "json")
+    return any(type(x).__module__.split(".")[0] in libraries for x in (e, e.__cause__) if x is not None)
+
+
+def _first_bad_json_line(path: Path, d: DataConfig) -> str:
+    """Say which line of a JSON Lines file `datasets` could not load, and why."""
+    outer = d.translation_field or None
     for number, line in enumerate(read_lines(path), 1):
+        if not line.strip():
+            continue
         try:
-            if line.strip():
-                json.loads(line)
+            row = json.loads(line)
         except ValueError as e:
             return f"line {number} is not valid JSON ({e})"
+        if not isinstance(row, dict):
+            return f"line {number} is not a JSON object"
+        values = row.get(outer) if outer else row
+        if outer and not isinstance(values, dict):
+            return f"line {number}: '{outer}' is not an object"
+        for lang, key in ((d.src_lang, d.src_field), (d.tgt_lang, d.tgt_field)):
+            name = lang if outer else key or lang
+            if values.get(name) is not None and not isinstance(values.get(name), str):
+                return f"line {number}: '{name}' is {type(values[name]).__name__}, not text"
     return "not valid JSON Lines"
+
+
+def _check_tsv(path: Path, text: str) -> list[str]:
+    """The header's column names; every other line has as many fields, or is blank (an empty pair)."""
+    lines = text.split("\n")
+    columns = lines[0].rstrip("\r").split("\t")
+    for number, line in enumerate(lines[1:], 2):
+        if line.rstrip("\r") and line.count("\t") != len(columns) - 1:
+            raise DataError(
+                f"{path}: line {number} has {line.count(chr(9)) + 1} tab-separated fields, the header has "
+                f"{len(columns)} ({', '.join(columns)})"
+            )
+    return columns
 
 
 def read_pairs(d: DataConfig, split: str, quiet: bool = True) -> tuple[list[str], list[str]]:
@@ -267,21 +298,24 @@ def read_pairs(d: DataConfig, split: str, quiet: bool = True) -> tuple[list[str]
         return _read_hub(d, split, quiet, local=Path(d.path).is_dir())
     path = files[0]
     text = _decode_utf8(path, _read_bytes(path))  # datasets would not name the line
+    columns = _check_tsv(path, text) if d.format == "tsv" else []
     ds_lib = _datasets(quiet, local=True)
     try:
         if d.format == "tsv":
-            columns = text.split("\n", 1)[0].rstrip("\r").split("\t")
             features = ds_lib.Features({c: ds_lib.Value("string") for c in columns})
             ds = ds_lib.load_dataset(
                 "csv", data_files=str(path), split="train", delimiter="\t", quoting=3, features=features,
                 na_filter=False, keep_default_na=False, skip_blank_lines=False,  # "NA" is a sentence
             )
         else:
-            ds = ds_lib.load_dataset("json", data_files=str(path), split="train")
+            # on_mixed_types=None: a column mixing text and numbers is an error, not JSON-encoded text
+            ds = ds_lib.load_dataset("json", data_files=str(path), split="train", on_mixed_types=None)
     except Exception as e:  # datasets wraps parser errors in its own types
+        if not _from_data_library(e):
+            raise
         cause = e.__cause__ or e
         if d.format == "jsonl":
-            raise DataError(f"{path}: {_first_bad_json_line(path)}") from None
+            raise DataError(f"{path}: {_first_bad_json_line(path, d)}") from None
         raise DataError(f"{path}: cannot parse the TSV file ({str(cause).splitlines()[0]}); it needs a header row and one tab per line") from None
     return _pairs_from_dataset(ds, d, str(path))
 
@@ -302,7 +336,7 @@ def _read_hub(d: DataConfig, split: str, quiet: bool, local: bool) -> tuple[list
             "check the name and network, or point data.path at a local copy"
         ) from None
     except Exception as e:  # datasets has many error types (DatasetNotFoundError, ...): report, no traceback
-        if type(e).__module__.split(".")[0] not in ("datasets", "huggingface_hub", "fsspec", "requests"):
+        if not _from_data_library(e):
             raise
         raise DataError(f"{where}: cannot load the data set ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     return _pairs_from_dataset(ds, d, f"{where} split '{split}'")
