@@ -178,6 +178,125 @@ def download(
         typer.echo(str(path))
 
 
+DecodeRunDirOpt = typer.Option(..., "--run-dir", help="Trained run directory (config.yaml, tokenizer/, checkpoints/).")
+CheckpointOpt = typer.Option(None, "--checkpoint", help="best | last | averaged | PATH (default: decode.checkpoint).")
+BeamOpt = typer.Option(None, "--beam", help="Beam size; 1 = greedy (default: decode.beam).")
+AlphaOpt = typer.Option(None, "--alpha", help="Length penalty exponent (default: decode.alpha).")
+DeviceOpt = typer.Option(None, "--device", help="auto | cpu | cuda | cuda:N | mps (default: decode.device).")
+PrecisionOpt = typer.Option(None, "--precision", help="fp32 | bf16 | fp16 (default: decode.precision).")
+MaxTokensOpt = typer.Option(None, "--max-tokens", help="Padded source tokens per batch (default: decode.max_tokens).")
+
+
+@app.command()
+def translate(
+    run_dir: Path = DecodeRunDirOpt,
+    input: Optional[Path] = typer.Option(None, "-i", "--input", help="Input text, one sentence a line (default: stdin)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output file, written atomically (default: stdout)."),
+    checkpoint: Optional[str] = CheckpointOpt,
+    beam: Optional[int] = BeamOpt,
+    alpha: Optional[float] = AlphaOpt,
+    max_tokens: Optional[int] = MaxTokensOpt,
+    nbest: Optional[int] = typer.Option(None, "--nbest", help="Print the N best as 'hyp<TAB>score' pairs on each line."),
+    sampling: Optional[bool] = typer.Option(None, "--sampling/--no-sampling", help="Sample (decode.temperature/top_k/top_p) instead of searching."),
+    device: Optional[str] = DeviceOpt,
+    precision: Optional[str] = PrecisionOpt,
+    buffer_size: Optional[int] = typer.Option(None, "--buffer-size", help="Lines read before translating them (default: 1 on a terminal, else 1000)."),
+    quiet: bool = QuietOpt,
+) -> None:
+    """Translate text line by line (stdin or -i) to stdout or -o, in input order; empty lines stay empty."""
+    from .io_utils import atomic_path
+    from .translator import Translator, translate_stream_to
+
+    if buffer_size is not None and buffer_size < 1:
+        raise ConfigError(f"--buffer-size must be >= 1, got {buffer_size}")
+    decode = dict(beam=beam, alpha=alpha, max_tokens=max_tokens, nbest=nbest, sampling=sampling, precision=precision)
+    translator = Translator.from_run_dir(run_dir, checkpoint, device=device, decode=decode)
+    nbest = translator.decode_cfg.nbest
+    if nbest > translator.decode_cfg.beam:
+        raise ConfigError(f"--nbest {nbest} exceeds the beam size {translator.decode_cfg.beam}; raise --beam")
+    if buffer_size is None:
+        buffer_size = 1 if input is None and sys.stdin.isatty() else 1000
+    try:
+        source = open(input, "rb") if input is not None else sys.stdin.buffer
+    except OSError as e:
+        raise ConfigError(f"{input}: cannot open the input file ({e.strerror or e})") from None
+    name = str(input) if input is not None else "stdin"
+    with source:
+        if output is None:
+            def write(line: str) -> None:
+                sys.stdout.write(line)
+                sys.stdout.flush()  # a pipe reader gets every line as soon as it is ready
+
+            translate_stream_to(translator, source, name, write, buffer_size, nbest, quiet)
+        else:
+            with atomic_path(output) as tmp, open(tmp, "w", encoding="utf-8") as out:
+                translate_stream_to(translator, source, name, out.write, buffer_size, nbest, quiet)
+
+
+@app.command("eval")
+def eval_cmd(
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Trained run directory."),
+    split: Optional[str] = typer.Option(None, "--split", help="test | valid (default: eval.split)."),
+    hyp: Optional[Path] = typer.Option(None, "--hyp", help="Score this hypothesis file (with --ref) instead of decoding."),
+    ref: Optional[Path] = typer.Option(None, "--ref", help="Reference file for --hyp."),
+    checkpoint: Optional[str] = CheckpointOpt,
+    beam: Optional[int] = BeamOpt,
+    alpha: Optional[float] = AlphaOpt,
+    max_tokens: Optional[int] = MaxTokensOpt,
+    device: Optional[str] = DeviceOpt,
+    precision: Optional[str] = PrecisionOpt,
+    as_json: bool = typer.Option(False, "--json", help="Print the scores as JSON."),
+    quiet: bool = QuietOpt,
+) -> None:
+    """sacreBLEU BLEU (cased, 13a), lowercased BLEU and chrF of a decoded split (or of --hyp vs --ref)."""
+    import json
+
+    from .metrics import format_table, score_files
+    from .translator import evaluate_run
+
+    if (hyp is None) != (ref is None):
+        raise ConfigError("--hyp and --ref go together; give both files, or neither to decode a split")
+    if hyp is not None:
+        scores = score_files(hyp, ref)
+    elif run_dir is None:
+        raise ConfigError("give --run-dir to decode a split, or --hyp FILE --ref FILE to score files")
+    else:
+        if split is not None and split not in ("test", "valid"):
+            raise ConfigError(f"--split must be test or valid, got '{split}'")
+        decode = dict(beam=beam, alpha=alpha, max_tokens=max_tokens, precision=precision)
+        scores = evaluate_run(run_dir, split or _eval_split(run_dir), checkpoint, device, decode, quiet)
+    typer.echo(json.dumps(scores, indent=2) if as_json else format_table(scores))
+
+
+def _eval_split(run_dir: Path) -> str:
+    """eval.split of the run's config (test when there is no config: from_run_dir reports that)."""
+    from .config import load_config
+
+    path = run_dir / "config.yaml"
+    return load_config(path).eval.split if path.is_file() else "test"
+
+
+@app.command()
+def attention(
+    run_dir: Path = DecodeRunDirOpt,
+    text: str = typer.Option(..., "--text", help="Source sentence to translate and draw."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="PNG file (default: RUN_DIR/attention.png)."),
+    layer: str = typer.Option("all", "--layer", help="Layer to draw, 1 = first, or 'all'."),
+    heads: bool = typer.Option(False, "--heads/--average", help="One panel per head, or the heads' average."),
+    encoder: bool = typer.Option(False, "--encoder", help="Draw the encoder self-attention instead of the cross-attention."),
+    checkpoint: Optional[str] = CheckpointOpt,
+    beam: Optional[int] = BeamOpt,
+    device: Optional[str] = DeviceOpt,
+) -> None:
+    """Draw attention weights (target x source subwords) of one translation to a PNG heatmap."""
+    from .translator import Translator, draw_attention
+
+    translator = Translator.from_run_dir(run_dir, checkpoint, device=device, decode=dict(beam=beam))
+    path, translation = draw_attention(translator, text, output or run_dir / "attention.png", layer, heads, encoder)
+    typer.echo(translation)
+    typer.echo(str(path))
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """Entry point: run the app, turning user errors into `error: ...` and an exit code."""
     try:

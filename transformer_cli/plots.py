@@ -63,3 +63,38 @@ def plot_training(run_dir: str | Path, out: str | Path | None = None) -> Path:
     atomic_save(out, lambda tmp: fig.savefig(tmp, format=out.suffix.lstrip(".") or "png", dpi=120))
     plt.close(fig)
     return out
+
+
+def plot_attention(weights: list, src_labels: list[str], tgt_labels: list[str], out: str | Path,
+                   layers: list[int] | None = None, per_head: bool = False, title: str = "cross-attention") -> Path:
+    """Heatmaps of attention weights: one row of panels per layer, one panel per head or their average.
+
+    weights: per layer a (H, T, S) tensor (query rows labelled tgt_labels, key columns src_labels).
+    layers: 0-based layer indices to draw (default all). Returns the PNG path.
+    """
+    out = Path(out)
+    layers = list(range(len(weights))) if layers is None else layers
+    panels = [[weights[i][h] for h in range(weights[i].shape[0])] if per_head else [weights[i].mean(0)]
+              for i in layers]  # rows of (T, S) matrices
+    names = [[f"layer {i + 1}, head {h + 1}" for h in range(len(row))] if per_head else [f"layer {i + 1}, heads averaged"]
+             for i, row in zip(layers, panels)]
+    rows, cols = len(panels), max(len(r) for r in panels)
+    cell_w = max(3.0, 0.28 * len(src_labels) + 1.2)
+    cell_h = max(2.5, 0.25 * len(tgt_labels) + 1.0)
+    plt = _pyplot()
+    fig, axes = plt.subplots(rows, cols, figsize=(cell_w * cols, cell_h * rows), squeeze=False)
+    for r, (row, row_names) in enumerate(zip(panels, names)):
+        for c in range(cols):
+            ax = axes[r][c]
+            if c >= len(row):
+                ax.axis("off")
+                continue
+            ax.imshow(row[c].float().numpy(), cmap="viridis", vmin=0.0, aspect="auto")
+            ax.set_xticks(range(len(src_labels)), src_labels, rotation=90, fontsize=7)
+            ax.set_yticks(range(len(tgt_labels)), tgt_labels, fontsize=7)
+            ax.set_title(row_names[c], fontsize=9)
+    fig.suptitle(title)
+    fig.tight_layout()
+    atomic_save(out, lambda tmp: fig.savefig(tmp, format=out.suffix.lstrip(".") or "png", dpi=110))
+    plt.close(fig)
+    return out

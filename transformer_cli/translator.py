@@ -1,0 +1,240 @@
+"""The Python API for a trained run: `Translator.from_run_dir(path).translate(list_of_str)`.
+
+`tcli translate`, `tcli eval` and `tcli attention` all go through this class. Text in, text out:
+sentencepiece encode, length-bucketed batches (search.py), sentencepiece decode, input order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Sequence
+
+import torch
+
+from .config import Config, DecodeConfig, load_config, validate
+from .errors import ConfigError, DataError
+from .search import EOS_ID, Hypothesis, decode_nbest
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class Translator:
+    """A model, its tokenizer and decoding settings; translates lists or streams of sentences."""
+
+    def __init__(self, model, tokenizer, cfg: Config, device: torch.device, checkpoint: Path | None = None):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.cfg = cfg
+        self.decode_cfg: DecodeConfig = dataclasses.replace(cfg.decode)
+        self.device = device
+        self.checkpoint = checkpoint
+
+    @classmethod
+    def from_run_dir(cls, path: str | Path, checkpoint: str | None = "best", device: str | None = None,
+                     decode: dict | None = None) -> "Translator":
+        """Load run_dir/config.yaml, the tokenizer and a checkpoint (best | last | averaged | path).
+
+        `decode` overrides keys of the config's decode section, e.g. {"beam": 1}.
+        """
+        from .checkpoint import load_weights, resolve_checkpoint
+        from .device import resolve_device
+        from .model import build_model
+        from .tokenizer import Tokenizer
+
+        run_dir = Path(path)
+        cfg_path = run_dir / "config.yaml"
+        if not cfg_path.is_file():
+            raise DataError(f"{cfg_path}: no config.yaml in the run directory; train a model there first")
+        cfg = load_config(cfg_path)
+        for key, value in (decode or {}).items():
+            if value is not None:
+                setattr(cfg.decode, key, value)
+        validate(cfg, "options")  # e.g. --beam 0 names decode.beam
+        checkpoint = checkpoint or cfg.decode.checkpoint
+        tokenizer = Tokenizer.load(run_dir / "tokenizer")
+        model = build_model(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
+        weights = resolve_checkpoint(run_dir, checkpoint)
+        load_weights(model, weights)
+        dev = resolve_device(device or cfg.decode.device)
+        if cfg.decode.precision == "fp16" and dev.type == "cpu":
+            raise ConfigError("decode.precision fp16 needs a CUDA device; use --precision bf16 or fp32 on CPU")
+        return cls(model.to(dev), tokenizer, cfg, dev, weights)
+
+    # -- text ---------------------------------------------------------------------------------
+
+    @property
+    def max_src_tokens(self) -> int:
+        """Longest source (bare subwords) the model accepts; the EOS takes one position."""
+        return self.cfg.model.max_len - 1
+
+    def encode(self, texts: Sequence[str], line_numbers: Sequence[int] | None = None,
+               warn: Callable[[str], None] | None = _stderr) -> list[list[int]]:
+        """Source texts to ids, truncated to the model's limit with a warning naming the line."""
+        ids = self.tokenizer.encode_src([self._clean(t) for t in texts])
+        limit = self.max_src_tokens
+        for i, s in enumerate(ids):
+            if len(s) > limit:
+                if warn is not None:
+                    line = line_numbers[i] if line_numbers is not None else i + 1
+                    warn(f"warning: line {line}: {len(s)} subword tokens, truncated to {limit} (model.max_len)")
+                ids[i] = s[:limit]
+        return ids
+
+    def _clean(self, text: str) -> str:
+        """The whitespace normalisation training used."""
+        return " ".join(text.split()) if self.cfg.data.normalize_whitespace else text.strip()
+
+    def translate_nbest(self, texts: Sequence[str], nbest: int | None = None, first_line: int = 1,
+                        progress: bool = False, warn: Callable[[str], None] | None = _stderr) -> list[list[tuple[str, float]]]:
+        """Per input text its n-best (translation, score) pairs; an empty line gives [("", 0.0)]."""
+        todo = [i for i, t in enumerate(texts) if t.strip()]
+        ids = self.encode([texts[i] for i in todo], [first_line + i for i in todo], warn)
+        out: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in texts]
+        if not todo:
+            return out
+        hyps = decode_nbest(self.model, ids, self.decode_cfg, self.device, nbest=nbest, progress=progress)
+        for i, hs in zip(todo, hyps):
+            out[i] = list(zip(self.tokenizer.decode_tgt([h.tokens for h in hs]), (h.score for h in hs)))
+        return out
+
+    def translate(self, texts: Sequence[str], progress: bool = False) -> list[str]:
+        """Best translation of every text, in input order (empty lines stay empty)."""
+        return [h[0][0] for h in self.translate_nbest(texts, nbest=1, progress=progress)]
+
+    def translate_stream(self, lines: Iterable[str], buffer_size: int = 1000, nbest: int = 1,
+                         warn: Callable[[str], None] | None = _stderr) -> Iterator[list[tuple[str, float]]]:
+        """Translate lines as they come, `buffer_size` at a time; yields n-best lists in input order."""
+        buffer: list[str] = []
+        first = 1
+        for line in lines:
+            buffer.append(line)
+            if len(buffer) >= buffer_size:
+                yield from self.translate_nbest(buffer, nbest, first, warn=warn)
+                first += len(buffer)
+                buffer = []
+        if buffer:
+            yield from self.translate_nbest(buffer, nbest, first, warn=warn)
+
+    # -- attention ----------------------------------------------------------------------------
+
+    def attention(self, text: str, beam: int | None = None) -> dict:
+        """Translate one text, then rerun the decoder on it with need_weights=True.
+
+        Returns source/target subword labels and per-layer (H, T, S) cross-attention, decoder
+        self-attention and encoder self-attention weights.
+        """
+        (ids,) = self.encode([text])
+        (hyps,) = decode_nbest(self.model, [ids], self.decode_cfg, self.device, beam=beam, nbest=1)
+        hyp: Hypothesis = hyps[0]
+        src = torch.tensor([ids + [EOS_ID]], device=self.device)
+        tgt_in = torch.tensor([[2] + hyp.tokens], device=self.device)  # BOS + tokens
+        with torch.inference_mode():
+            mask = torch.ones_like(src, dtype=torch.bool)
+            memory = self.model.encode(src, mask, need_weights=True)
+            self.model.decode(tgt_in, memory, mask, need_weights=True)
+        w = self.model.attention_weights()
+        return {
+            "src_pieces": self.tokenizer.src_pieces(ids) + ["</s>"],
+            "tgt_pieces": self.tokenizer.tgt_pieces(hyp.tokens) + ["</s>"],
+            "translation": self.tokenizer.decode_tgt([hyp.tokens])[0],
+            "cross": [x[0].float().cpu() for x in w["cross"]],  # per layer (H, T, S)
+            "decoder_self": [x[0].float().cpu() for x in w["decoder_self"]],
+            "encoder": [x[0].float().cpu() for x in w["encoder"]],
+        }
+
+
+# -- command helpers (tcli translate / eval) ----------------------------------------------------
+
+
+def decode_lines(stream, name: str) -> Iterator[str]:
+    """Lines of a binary stream as text, read one at a time (for pipes); bad UTF-8 is a DataError naming the line."""
+    for number, raw in enumerate(iter(stream.readline, b""), 1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"{name} line {number}: invalid UTF-8 (byte {e.start}); give UTF-8 text") from None
+        yield text.rstrip("\n").rstrip("\r")
+
+
+def format_nbest(hyps: list[tuple[str, float]], with_scores: bool) -> str:
+    """One output line: the translation, or `hyp<TAB>score` pairs for n-best output."""
+    if not with_scores:
+        return hyps[0][0]
+    if len(hyps) == 1 and hyps[0] == ("", 0.0):
+        return ""
+    return "\t".join(f"{text.replace(chr(9), ' ')}\t{score:.4f}" for text, score in hyps)
+
+
+def translate_stream_to(translator: Translator, stream, name: str, write: Callable[[str], None],
+                        buffer_size: int, nbest: int = 1, quiet: bool = False) -> int:
+    """Translate a binary input stream line by line into `write` (one call per output line); returns the count."""
+    warn = None if quiet else _stderr
+    count = 0
+    for hyps in translator.translate_stream(decode_lines(stream, name), buffer_size, nbest, warn=warn):
+        write(format_nbest(hyps, nbest > 1) + "\n")
+        count += 1
+    return count
+
+
+def checkpoint_label(checkpoint: str) -> str:
+    """A short name for file names: best, last, averaged, step_00001000 or a file's stem."""
+    path = Path(checkpoint)
+    if "/" not in checkpoint and not checkpoint.endswith(".safetensors"):
+        return checkpoint
+    return path.parent.name if path.name == "model.safetensors" else path.stem
+
+
+def evaluate_run(run_dir: str | Path, split: str = "test", checkpoint: str | None = None,
+                 device: str | None = None, decode: dict | None = None, quiet: bool = False) -> dict:
+    """Decode a prepared split, write hyps/<split>.<ckpt>.txt (and the reference), score it, update scores.json."""
+    import json
+
+    from .data import load_split
+    from .io_utils import atomic_write_text
+    from .metrics import score_files
+
+    run_dir = Path(run_dir)
+    translator = Translator.from_run_dir(run_dir, checkpoint, device=device, decode=decode)
+    data = load_split(run_dir, split)
+    hyps = translator.translate(data.src_text, progress=not quiet)
+    label = checkpoint_label(checkpoint or translator.cfg.decode.checkpoint)
+    hyp_path = run_dir / "hyps" / f"{split}.{label}.txt"
+    ref_path = run_dir / "hyps" / f"{split}.ref.txt"
+    atomic_write_text(hyp_path, "".join(h.replace("\n", " ") + "\n" for h in hyps))
+    atomic_write_text(ref_path, "".join(r + "\n" for r in data.tgt_text))
+    scores = score_files(hyp_path, ref_path, translator.cfg.eval.tokenize)
+    scores.update(split=split, checkpoint=str(translator.checkpoint), hyp_file=str(hyp_path),
+                  ref_file=str(ref_path), beam=translator.decode_cfg.beam, alpha=translator.decode_cfg.alpha)
+    scores_path = run_dir / "scores.json"
+    try:
+        table = json.loads(scores_path.read_text(encoding="utf-8")) if scores_path.is_file() else {}
+    except ValueError:
+        table = {}  # a broken file is replaced: it only caches earlier results
+    table[f"{split}.{label}"] = scores
+    atomic_write_text(scores_path, json.dumps(table, indent=2) + "\n")
+    return scores
+
+
+def draw_attention(translator: Translator, text: str, out: str | Path, layer: str = "all",
+                   per_head: bool = False, encoder: bool = False) -> tuple[Path, str]:
+    """Translate `text` and draw its cross-attention (or encoder self-attention) to a PNG; returns (path, translation)."""
+    from .plots import plot_attention
+
+    if not text.strip():
+        raise ConfigError("--text is empty; give a sentence to translate")
+    info = translator.attention(text)
+    weights = info["encoder"] if encoder else info["cross"]
+    if layer == "all":
+        layers = list(range(len(weights)))
+    elif layer.isdigit() and 1 <= int(layer) <= len(weights):
+        layers = [int(layer) - 1]
+    else:
+        raise ConfigError(f"--layer must be 'all' or a number from 1 to {len(weights)}, got '{layer}'")
+    rows = info["src_pieces"] if encoder else info["tgt_pieces"]
+    title = "encoder self-attention" if encoder else f"cross-attention: {info['translation']}"
+    path = plot_attention(weights, info["src_pieces"], rows, out, layers, per_head, title)
+    return path, info["translation"]
