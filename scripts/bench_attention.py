@@ -4,7 +4,7 @@ Self-attention with a key-padding mask (a quarter of the rows are half padding),
 The three implementations share weights and inputs and are timed in rotation, so load from other
 processes hits all of them alike; medians over repeats after warmup. Usage:
 
-    python scripts/bench_attention.py [--repeats 30] [--warmup 5] [--device cpu|cuda|all] [--mask padding|none|causal]
+    python scripts/bench_attention.py [--repeats 30] [--warmup 5] [--device cpu|cuda|all] [--mask padding|none|causal] [--threads N]
 """
 
 from __future__ import annotations
@@ -78,7 +78,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--device", default="all", choices=["cpu", "cuda", "all"])
     parser.add_argument("--mask", default="padding", choices=["padding", "none", "causal"])
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch's default)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     devices = [torch.device("cpu")] if args.device in ("cpu", "all") else []
     if args.device in ("cuda", "all") and torch.cuda.is_available():
         devices.append(torch.device("cuda"))
