@@ -241,3 +241,27 @@ def test_tsv_field_counts_are_checked_and_blank_lines_are_empty_pairs(tmp_path):
     (tmp_path / "train.tsv").write_text("de\ten\nHallo\tHello\nno tab here\n")
     with pytest.raises(DataError, match="train.tsv: line 3 has 1 tab-separated fields, the header has 2"):
         read_pairs(DataConfig(format="tsv", path=str(tmp_path)), "train")
+
+
+def test_a_crashed_rebuild_never_passes_for_the_old_cache(sources, tmp_path, monkeypatch):
+    import transformer_cli.data as data
+
+    cfg = small_config(with_splits(DataConfig(**vars(sources["text"]))))
+    good = prepare(cfg, tmp_path, quiet=True)
+    cfg.data.max_len = 20
+
+    save = data._save_split
+
+    def crash(folder, name, *args):
+        if name != "train":
+            raise KeyboardInterrupt  # killed after the new train split was written
+        save(folder, name, *args)
+
+    monkeypatch.setattr(data, "_save_split", crash)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(cfg, tmp_path, quiet=True)
+    monkeypatch.undo()
+    cfg.data.max_len = DataConfig().max_len
+    again = prepare(cfg, tmp_path, quiet=True)
+    assert not again["cached"] and again["splits"] == good["splits"]
+    assert len(load_split(tmp_path, "train")) == good["splits"]["train"]["pairs"]

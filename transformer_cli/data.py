@@ -197,8 +197,9 @@ def source_files(d: DataConfig, split: str, quiet: bool = True) -> list[Path]:
             found = [_find(folder, s) for s in stems]
             missing = [s for s, p in zip(stems, found) if p is None]
     if missing:
+        key = {d.train_split: "train_split", d.valid_split: "valid_split", d.test_split: "test_split"}[split]
         raise DataError(
-            f"{folder / missing[0]}: file not found (also tried .gz); set data.path/data.{'train' if split == d.train_split else 'valid' if split == d.valid_split else 'test'}_split "
+            f"{folder / missing[0]}: file not found (also tried .gz); check data.path and data.{key}, "
             f"or put the {d.format} files there"
         )
     return found
@@ -218,6 +219,10 @@ def _datasets(quiet: bool, local: bool):
     import datasets
 
     datasets.utils.logging.set_verbosity(datasets.utils.logging.CRITICAL)  # its errors become DataErrors
+    if quiet:  # huggingface_hub logs its network retries
+        import huggingface_hub
+
+        huggingface_hub.utils.logging.set_verbosity_error()
     datasets.disable_progress_bars() if quiet else datasets.enable_progress_bars()
     return datasets
 
@@ -411,9 +416,28 @@ def _read_meta(path: Path) -> dict:
         return {}
 
 
+def _read_splits(d: DataConfig, stems: dict, files: dict, quiet: bool) -> dict:
+    """{split: (raw source lines, raw target lines)}, with data.max_train_pairs applied."""
+    raw = {}
+    for name, stem in stems.items():
+        src, tgt = read_pairs(d, stem, quiet)
+        if name == "train" and d.max_train_pairs:
+            src, tgt = src[: d.max_train_pairs], tgt[: d.max_train_pairs]
+        if not src:
+            raise DataError(f"{', '.join(map(str, files[name])) or d.path}: the {name} split ('{stem}') is empty")
+        raw[name] = (src, tgt)
+    _log(f"prepare: read {', '.join(f'{n} {len(p[0])}' for n, p in raw.items())} pairs from {d.path}", quiet)
+    return raw
+
+
+def _encode(tokenizer, d: DataConfig, src_text: list[str], tgt_text: list[str]) -> tuple[Ragged, Ragged]:
+    return (Ragged.from_lists(tokenizer.encode_src(src_text, num_threads=d.num_proc)),
+            Ragged.from_lists(tokenizer.encode_tgt(tgt_text, num_threads=d.num_proc)))
+
+
 def prepare(cfg: Config, run_dir: str | Path, quiet: bool = False) -> dict:
     """Read, clean, tokenize and encode every split into run_dir (or reuse the cache); returns a summary."""
-    from .tokenizer import Tokenizer, train_tokenizer
+    from .tokenizer import META_FILE, Tokenizer, train_tokenizer
 
     start = time.perf_counter()
     d = cfg.data
@@ -424,65 +448,47 @@ def prepare(cfg: Config, run_dir: str | Path, quiet: bool = False) -> dict:
     if "train" not in stems:
         raise DataError("key 'data.train_split' is empty; name the training split")
 
+    # Cache keys: settings + content hashes of the data files (re-hashed only when size/mtime moved).
     meta = _read_meta(data_dir / "meta.json")
     files = {name: source_files(d, stem, quiet) for name, stem in stems.items()}
     prints = {name: fingerprint_files(fs, meta.get("files", {})) for name, fs in files.items()}
+    sha = {name: [f["sha256"] for f in p.values()] for name, p in prints.items()}
     settings = {k: v for k, v in asdict(d).items() if k not in _NOT_IN_KEY}
     tok_settings = {k: v for k, v in settings.items() if k not in _NOT_IN_TOKENIZER_KEY}
-    sha = {name: [f["sha256"] for f in p.values()] for name, p in prints.items()}
     tok_key = _key(CACHE_VERSION, tok_settings, asdict(cfg.tokenizer), sha["train"])
     data_key = _key(CACHE_VERSION, settings, asdict(cfg.tokenizer), sha)
     all_prints = {k: v for p in prints.values() for k, v in p.items()}
-
     outputs = [data_dir / f"{name}{ext}" for name in stems for ext in (".npz", ".text.json")]
-    if meta.get("key") == data_key and all(p.is_file() for p in outputs) and (tok_dir / "tokenizer.json").is_file():
-        if meta.get("files") != all_prints:  # contents equal, stat changed: remember the new stat
+    if meta.get("key") == data_key and all(p.is_file() for p in outputs) and (tok_dir / META_FILE).is_file():
+        if meta.get("files") != all_prints:  # same contents, new stat: remember it to skip hashing next time
             atomic_write_text(data_dir / "meta.json", json.dumps({**meta, "files": all_prints}, indent=1))
         _log(f"prepare: {run_dir} is up to date (same data files and settings); nothing to do", quiet)
         return {**meta["summary"], "cached": True, "seconds": round(time.perf_counter() - start, 3)}
+    # From here on the old cache is invalid: a crash must not leave its key next to new files.
+    (data_dir / "meta.json").unlink(missing_ok=True)
 
-    # Read and clean.
-    raw = {}
-    for name, stem in stems.items():
-        src, tgt = read_pairs(d, stem, quiet)
-        if name == "train" and d.max_train_pairs:
-            src, tgt = src[: d.max_train_pairs], tgt[: d.max_train_pairs]
-        if not src:
-            raise DataError(f"{', '.join(map(str, files[name])) or d.path}: the {name} split ('{stem}') is empty")
-        raw[name] = (src, tgt)
-    _log(f"prepare: read {', '.join(f'{n} {len(p[0])}' for n, p in raw.items())} pairs from {d.path}", quiet)
-    norm = (lambda xs: [normalize(x) for x in xs]) if d.normalize_whitespace else (lambda xs: list(xs))
+    raw = _read_splits(d, stems, files, quiet)
+    norm = (lambda xs: [normalize(x) for x in xs]) if d.normalize_whitespace else list
     texts = {name: (norm(s), norm(t)) for name, (s, t) in raw.items()}
     keep, counts = clean_text_pairs(d, *texts["train"])
     if not len(keep):
         raise DataError(f"{d.path}: no training pairs left after dropping empty lines")
-    train_src = [texts["train"][0][i] for i in keep]
-    train_tgt = [texts["train"][1][i] for i in keep]
+    texts["train"] = ([texts["train"][0][i] for i in keep], [texts["train"][1][i] for i in keep])
 
-    # Tokenizer: reused when only settings that do not change its training text moved.
-    tok_meta = _read_meta(tok_dir / "tokenizer.json")
-    if tok_meta.get("cache_key") == tok_key:
+    if _read_meta(tok_dir / META_FILE).get("cache_key") == tok_key:  # its training text is unchanged
         tokenizer, tok_state = Tokenizer.load(tok_dir), "reused"
     else:
         t0 = time.perf_counter()
-        tokenizer = train_tokenizer(
-            cfg.tokenizer, train_src, train_tgt, tok_dir, verbose=os.environ.get("TCLI_DEBUG") == "1",
-            extra_meta={"cache_key": tok_key},
-        )
+        tokenizer = train_tokenizer(cfg.tokenizer, *texts["train"], tok_dir, verbose=os.environ.get("TCLI_DEBUG") == "1",
+                                    extra_meta={"cache_key": tok_key})
         tok_state = "trained"
         _log(f"prepare: trained a {'joint' if tokenizer.joint else 'source/target'} {cfg.tokenizer.model_type} "
              f"tokenizer in {time.perf_counter() - t0:.1f}s", quiet)
 
-    # Encode, drop over-long training pairs, save.
     summary_splits = {}
     for name in stems:
-        if name == "train":
-            src_text, tgt_text, raw_index = train_src, train_tgt, keep
-        else:
-            src_text, tgt_text = texts[name]
-            raw_index = np.arange(len(src_text))
-        src = Ragged.from_lists(tokenizer.encode_src(src_text, num_threads=d.num_proc))
-        tgt = Ragged.from_lists(tokenizer.encode_tgt(tgt_text, num_threads=d.num_proc))
+        src, tgt = _encode(tokenizer, d, *texts[name])
+        raw_index = keep if name == "train" else np.arange(len(src))  # rows of `raw` the encodings belong to
         if name == "train":
             ok, more = length_filter(d, src.lengths, tgt.lengths)
             counts.update(more)
@@ -499,6 +505,7 @@ def prepare(cfg: Config, run_dir: str | Path, quiet: bool = False) -> dict:
         "src_vocab_size": tokenizer.src_vocab_size, "tgt_vocab_size": tokenizer.tgt_vocab_size,
         "splits": summary_splits, "dropped": counts,
     }
+    # Written last: its key vouches for every file above.
     atomic_write_text(data_dir / "meta.json", json.dumps({"key": data_key, "files": all_prints, "summary": summary}, indent=1))
     return {**summary, "cached": False, "seconds": round(time.perf_counter() - start, 3)}
 
