@@ -114,6 +114,8 @@ def test_ragged_select_equals_indexing():
     assert [x.tolist() for x in r] == rows and len(r) == 4 and r[-1].tolist() == [5, 6]
     picked = r.select(np.array([3, 1, 0]))
     assert [x.tolist() for x in picked] == [[5, 6], [], [1, 2, 3]]
+    joined = Ragged.concat([ragged(rows[:1]), ragged(rows[1:3]), ragged(rows[3:])])
+    assert [x.tolist() for x in joined] == rows and joined.flat.dtype == np.int32
 
 
 @pytest.fixture(scope="module")

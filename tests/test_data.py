@@ -112,6 +112,16 @@ def test_read_lines_keeps_empty_lines_and_only_splits_on_newline(tmp_path):
     assert read_lines(path) == ["a", "", "b\u2028c", "d"]
 
 
+def test_chunked_encoding_equals_one_pass(pairs, tmp_path):
+    from transformer_cli.data import _encode
+    from transformer_cli.tokenizer import train_tokenizer
+
+    src, tgt = [s for s, _ in pairs["train"]], [t for _, t in pairs["train"]]
+    tok = train_tokenizer(TokenizerConfig(model_type="bpe", vocab_size=400), src, tgt, tmp_path)
+    for side, whole in zip(_encode(tok, DataConfig(), src, tgt, chunk=7), (tok.encode_src(src), tok.encode_tgt(tgt))):
+        assert [x.tolist() for x in side] == whole
+
+
 def test_normalize_whitespace():
     assert normalize("  Ein \t Hund\u00a0 rennt \n") == "Ein Hund rennt"
 

@@ -51,6 +51,15 @@ class Ragged(Sequence):
         flat = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.int32, count=int(offsets[-1]))
         return cls(flat, offsets)
 
+    @classmethod
+    def concat(cls, parts: list["Ragged"]) -> "Ragged":
+        if not parts:
+            return cls(np.zeros(0, dtype=np.int32), np.zeros(1, dtype=np.int64))
+        lengths = np.concatenate([p.lengths for p in parts])
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return cls(np.concatenate([p.flat for p in parts]), offsets)
+
     @property
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
@@ -430,9 +439,13 @@ def _read_splits(d: DataConfig, stems: dict, files: dict, quiet: bool) -> dict:
     return raw
 
 
-def _encode(tokenizer, d: DataConfig, src_text: list[str], tgt_text: list[str]) -> tuple[Ragged, Ragged]:
-    return (Ragged.from_lists(tokenizer.encode_src(src_text, num_threads=d.num_proc)),
-            Ragged.from_lists(tokenizer.encode_tgt(tgt_text, num_threads=d.num_proc)))
+def _encode(tokenizer, d: DataConfig, src_text: list[str], tgt_text: list[str], chunk: int = 1 << 16) -> tuple[Ragged, Ragged]:
+    """Encode both sides in chunks, so a large corpus never exists as one list of Python ints."""
+    def side(encode, texts):
+        return Ragged.concat([Ragged.from_lists(encode(texts[i:i + chunk], num_threads=d.num_proc))
+                              for i in range(0, len(texts), chunk)])
+
+    return side(tokenizer.encode_src, src_text), side(tokenizer.encode_tgt, tgt_text)
 
 
 def prepare(cfg: Config, run_dir: str | Path, quiet: bool = False) -> dict:
