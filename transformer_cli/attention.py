@@ -249,12 +249,12 @@ class MultiHeadAttention(nn.Module):
 
         # A query row with no key to attend to must give zeros. The check reduces the mask only (no
         # H, no D axis): for padding masks (B, 1, 1, Tk) it is nearly free. On CPU the branch is
-        # free too, so the common case (no empty row) pays for nothing more; on other devices we
-        # skip the branch (it would wait for the device) and always take the safe route.
+        # free too, so the common case (no empty row) pays for nothing more; on other devices (the
+        # branch would wait for the device) and under torch.compile we always take the safe route.
         empty_rows = None
         if mask is not None:
             has_key = mask.any(dim=-1, keepdim=True)  # (..., Tq, 1)
-            if q.device.type != "cpu" or not bool(has_key.all()):
+            if q.device.type != "cpu" or torch.compiler.is_compiling() or not bool(has_key.all()):
                 empty_rows = ~has_key
 
         if need_weights:  # explicit path: the same numbers, plus the weights for plots
