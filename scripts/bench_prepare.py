@@ -63,6 +63,33 @@ def bench_batching(run_dir: Path, max_tokens: int) -> str:
             f"padding src {pad_src:.1%} tgt {pad_tgt:.1%}")
 
 
+def bench_large_batching(n: int = 2_000_000, max_tokens: int = 4096) -> str:
+    """Batch planning and collation on a synthetic WMT-sized split (random lengths 1-59): per-batch cost must not grow with n."""
+    import numpy as np
+
+    from transformer_cli.batching import collate, token_batches
+    from transformer_cli.data import EncodedSplit, Ragged
+
+    rng = np.random.default_rng(0)
+
+    def ragged(lengths):
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return Ragged(rng.integers(4, 8000, offsets[-1]).astype(np.int32), offsets)
+
+    src_lens, tgt_lens = rng.integers(1, 60, n), rng.integers(1, 60, n)
+    split = EncodedSplit(ragged(src_lens), ragged(tgt_lens), _text={"src": [], "tgt": []})
+    t0 = time.perf_counter()
+    batches = token_batches(src_lens + 1, tgt_lens + 1, max_tokens, seed=1, epoch=0)
+    plan = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for b in batches[:500]:
+        collate(split, b)
+    per_batch = (time.perf_counter() - t0) / 500
+    return (f"synthetic {n:,} pairs: plan an epoch ({len(batches):,} batches) {plan:.2f} s, "
+            f"collate {per_batch * 1e3:.2f} ms/batch")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/multi30k_de_en.yaml")
@@ -95,6 +122,7 @@ def main() -> None:
     if tok:
         print(f"last run: {tok[0].removeprefix('prepare: ')}")
     print(batching)
+    print(bench_large_batching())
 
 
 if __name__ == "__main__":

@@ -115,8 +115,8 @@ class Batch:
 
 def _padded_body(ragged, index: np.ndarray, extra: int, left: int) -> tuple[np.ndarray, np.ndarray]:
     """(B, max_len + extra) int64 array of PAD with row i's ids written from column `left` on."""
-    lens = ragged.lengths[index]
-    starts = ragged.offsets[:-1][index]
+    starts = ragged.offsets[index]
+    lens = ragged.offsets[index + 1] - starts  # O(B): no pass over the whole split per batch
     width = int(lens.max()) if len(lens) else 0
     out = np.full((len(index), width + extra), PAD_ID, dtype=np.int64)
     col = np.arange(width)

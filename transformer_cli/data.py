@@ -60,7 +60,7 @@ class Ragged(Sequence):
         np.cumsum(lengths, out=offsets[1:])
         return cls(np.concatenate([p.flat for p in parts]), offsets)
 
-    @property
+    @cached_property
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
 
@@ -113,7 +113,10 @@ class EncodedSplit:
         # Loaded on first use: training never needs the training text.
         if self._text is not None:
             return self._text
-        return json.loads(Path(self.text_path).read_text(encoding="utf-8"))
+        try:
+            return json.loads(Path(self.text_path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise DataError(f"{self.text_path}: cannot read the split's text ({e}); rerun `tcli prepare`") from None
 
     @property
     def src_text(self) -> list[str]:
