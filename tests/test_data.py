@@ -108,8 +108,8 @@ def test_hub_split_that_does_not_exist(sources):
 
 def test_read_lines_keeps_empty_lines_and_only_splits_on_newline(tmp_path):
     path = tmp_path / "x.txt"
-    path.write_bytes("a\n\nb\u2028c\r\nd".encode())
-    assert read_lines(path) == ["a", "", "b\u2028c", "d"]
+    path.write_bytes("a\n\nb\u2028c\r\nd\re\x85f".encode())  # a lone \r or NEL is part of the sentence
+    assert read_lines(path) == ["a", "", "b\u2028c", "d\re\x85f"]
 
 
 def test_chunked_encoding_equals_one_pass(pairs, tmp_path):
