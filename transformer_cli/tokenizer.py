@@ -36,7 +36,7 @@ def _spm():
 
 
 def _as_list(ids) -> list[int]:
-    return ids.tolist() if hasattr(ids, "tolist") else list(ids)
+    return ids.tolist() if hasattr(ids, "tolist") else [int(i) for i in ids]  # numpy/torch ints too
 
 
 class Tokenizer:
