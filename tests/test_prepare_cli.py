@@ -141,3 +141,18 @@ def test_bad_jsonl_and_tsv_through_the_cli(tmp_path):
 ])
 def test_config_errors(tmp_path, bad, message):
     assert_user_error(prepare(tmp_path, "--set", bad), message)
+
+
+def test_quiet_silences_datasets_progress_bars(tmp_path, multi30k):
+    from transformer_cli.data import read_lines
+
+    for split, (lo, hi) in {"train": (0, 300), "val": (300, 330), "test_2016_flickr": (330, 360)}.items():
+        de, en = (read_lines(multi30k / f"train.{lang}.gz")[lo:hi] for lang in ("de", "en"))
+        (tmp_path / f"{split}.tsv").write_text("de\ten\n" + "".join(f"{s}\t{t}\n" for s, t in zip(de, en)))
+    args = ("--set", "data.format=tsv", "--set", "tokenizer.model_type=bpe", "--set", "tokenizer.vocab_size=400")
+    loud = prepare_data(tmp_path, tmp_path / "loud", *args)
+    assert loud.returncode == 0, loud.stderr
+    assert "prepare: read train 300" in loud.stderr
+    assert "Generating train split" in loud.stderr  # datasets' own bars go to stderr...
+    quiet = prepare_data(tmp_path, tmp_path / "quiet", *args, "--quiet")
+    assert quiet.returncode == 0 and quiet.stderr == "" and "train       300 lines" in quiet.stdout  # ...not here
