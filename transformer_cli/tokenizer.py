@@ -161,9 +161,10 @@ def train_tokenizer(
 ) -> Tokenizer:
     """Train a joint or a separate source/target sentencepiece model, save it in `folder`, return it."""
     folder = Path(folder)
-    for stale in (META_FILE, JOINT_FILE, SRC_FILE, TGT_FILE):  # the description goes first: no half-old folder
-        (folder / stale).unlink(missing_ok=True)
-        (folder / stale).with_suffix(".vocab").unlink(missing_ok=True)
+    (folder / META_FILE).unlink(missing_ok=True)  # first: a crash below must not leave old + new files looking valid
+    for stale in (JOINT_FILE, SRC_FILE, TGT_FILE):
+        for path in (folder / stale, (folder / stale).with_suffix(".vocab")):
+            path.unlink(missing_ok=True)
     if cfg.joint:
         models = {JOINT_FILE: _train_one(cfg, [*src_texts, *tgt_texts], "joint tokenizer", verbose)}
     else:
