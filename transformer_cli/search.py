@@ -212,6 +212,8 @@ def greedy_search(
         else:
             score, token = (t.squeeze(1) for t in total.topk(1, dim=-1))
         hist = torch.cat([hist, token[:, None]], dim=1)  # (R, t + 1)
+        if step == 0 and use_cache:  # the same canonical (copied) cache layout as after compaction
+            cache.reorder(torch.arange(len(hist), device=device))
         finished = (token == EOS_ID) & ~done
         for r in finished.nonzero().flatten().tolist():
             length = hist.shape[1] - 1  # generated tokens, EOS included
@@ -332,7 +334,10 @@ def beam_search(
         reorder = (torch.arange(N, device=device)[:, None] * k + beam_idx).view(-1)  # (N*k,) rows to keep
         hist = torch.cat([hist[reorder], token.view(-1, 1)], dim=1)  # (N*k, t + 1)
         if use_cache:
-            cache.reorder(reorder, cross=False)  # beams of one slot share its encoder keys/values
+            # Beams of one slot share its encoder keys/values, so later steps leave them alone. Step 0
+            # copies them too: a (contiguous) copy and the strided tensor the projection made give
+            # different bits in attention, and compaction copies them; so always use a copy.
+            cache.reorder(reorder, cross=step == 0)
         done = done | (slot_max <= step) | _slot_done(finished, sents, scores, step, slot_max, alpha, k)
         if bool(done.all()):
             break
