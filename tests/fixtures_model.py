@@ -6,6 +6,8 @@ Import the fixtures into a test module with `from .fixtures_model import smoke_r
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,3 +43,10 @@ def one_thread():
 def env_one_thread() -> dict:
     """Environment for tcli subprocesses pinned to one thread."""
     return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def tcli(*args, input=None, timeout=300):
+    """run_tcli with one CPU thread (the CPU is shared; many threads on tiny ops only wait)."""
+    return subprocess.run([sys.executable, "-m", "transformer_cli", *map(str, args)], input=input,
+                          capture_output=True, cwd=ROOT, timeout=timeout, env=env_one_thread(),
+                          text=not isinstance(input, bytes))

@@ -19,7 +19,7 @@ from transformer_cli.cli import main
 from transformer_cli.search import decode_nbest
 
 from .conftest import ROOT, run_tcli
-from .fixtures_model import env_one_thread, one_thread, smoke_run  # noqa: F401
+from .fixtures_model import env_one_thread, one_thread, smoke_run, tcli  # noqa: F401
 
 
 @pytest.fixture(scope="module")
@@ -31,13 +31,6 @@ def translator(smoke_run, one_thread):  # noqa: F811
 def test_lines(multi30k) -> list[str]:
     with gzip.open(multi30k / "test_2016_flickr.de.gz", "rt", encoding="utf-8") as f:
         return [line.rstrip("\n") for line in f]
-
-
-def tcli(*args, input=None, timeout=300):
-    """run_tcli with one CPU thread (the CPU is shared; many threads on tiny ops only wait)."""
-    return subprocess.run([sys.executable, "-m", "transformer_cli", *map(str, args)], input=input,
-                          capture_output=True, cwd=ROOT, timeout=timeout, env=env_one_thread(),
-                          text=not isinstance(input, bytes))
 
 
 def test_batch_invariance_on_multi30k_test(translator, test_lines):
