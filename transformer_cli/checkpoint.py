@@ -32,6 +32,7 @@ WEIGHTS = "model.safetensors"
 STATE = "trainer_state.pt"
 INFO = "info.json"
 NAMED = ("best", "last", "averaged")
+VOCAB_MATRICES = ("src_embed.weight", "tgt_embed.weight", "output.weight")  # (V, d_model) in model.py
 
 
 def checkpoints_dir(run_dir: str | Path) -> Path:
@@ -193,11 +194,16 @@ def load_weights(model: torch.nn.Module, path: str | Path) -> dict:
     """
     tensors = load_tensors(path)
     own = model.state_dict()
-    for key, value in tensors.items():
+    for key in sorted(tensors, key=lambda k: k not in VOCAB_MATRICES):  # these name both sizes
+        value = tensors[key]
         if key in own and tuple(own[key].shape) != tuple(value.shape):
+            sizes = ""
+            if key in VOCAB_MATRICES and value.dim() == own[key].dim() == 2:
+                sizes = (f" (vocabulary {value.shape[0]} and d_model {value.shape[1]} in the checkpoint, "
+                         f"{own[key].shape[0]} and {own[key].shape[1]} from the config and tokenizer)")
             raise DataError(
                 f"{path}: tensor '{key}' has shape {tuple(value.shape)} in the checkpoint but "
-                f"{tuple(own[key].shape)} in the model; the config does not match this checkpoint"
+                f"{tuple(own[key].shape)} in the model{sizes}; the config does not match this checkpoint"
             )
     unexpected = [k for k in tensors if k not in own]
     if unexpected:

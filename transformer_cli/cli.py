@@ -105,9 +105,9 @@ def train(
     import json
     import shlex
 
+    cfg = load_cli_config(config, sets, run_dir)  # before importing torch: a bad config fails in a second
     from .train import train as run_training
 
-    cfg = load_cli_config(config, sets, run_dir)
     words = ["tcli", "train", "--config", str(config), *[w for s in sets or [] for w in ("--set", s)]]
     words += ["--run-dir", cfg.run_dir, "--resume"]
     summary = run_training(cfg, resume=resume, overwrite=overwrite, quiet=quiet,

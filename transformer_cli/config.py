@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import math
 import re
 import typing
 from dataclasses import dataclass, field
@@ -201,7 +202,7 @@ def _unknown_key(key: str, where: str) -> ConfigError:
         close = [k for k in _all_keys() if k.rsplit(".", 1)[-1] in
                  difflib.get_close_matches(tail, [k.rsplit(".", 1)[-1] for k in _all_keys()], n=1)]
     hint = f"; did you mean {close[0]}?" if close else ""
-    return ConfigError(f"{where}: unknown key '{key}'{hint}")
+    return ConfigError(f"{where}: unknown key {key!r}{hint}")  # repr: one line whatever the key
 
 
 def _coerce(key: str, value: Any, typ: Any, where: str) -> Any:
@@ -221,6 +222,8 @@ def _coerce(key: str, value: Any, typ: Any, where: str) -> Any:
     )
     if not ok:
         return _type_error(key, value, typ, where)
+    if typ is float and not math.isfinite(value):  # .nan passes every range check below
+        raise ConfigError(f"{where}: key '{key}' must be a finite number, got {value}")
     return float(value) if typ is float else value
 
 
@@ -244,7 +247,7 @@ def from_dict(raw: Any, where: str = "config") -> Config:
         if name not in SECTIONS:
             close = difflib.get_close_matches(str(name), list(SECTIONS) + ["run_dir"], n=1)
             hint = f"; did you mean {close[0]}?" if close else f"; sections are {', '.join(SECTIONS)}"
-            raise ConfigError(f"{where}: unknown section '{name}'{hint}")
+            raise ConfigError(f"{where}: unknown section {str(name)!r}{hint}")
         if value is None:
             continue
         if not isinstance(value, dict):
@@ -309,11 +312,11 @@ def parse_overrides(overrides: list[str] | None) -> dict:
         key, sep, text = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise ConfigError(f"--set '{item}': expected KEY=VALUE, e.g. --set train.lr=3e-4")
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set train.lr=3e-4")
         try:
             value = yaml.safe_load(text) if text.strip() else ""
         except yaml.YAMLError:
-            raise ConfigError(f"--set '{item}': the value is not a valid YAML scalar") from None
+            raise ConfigError(f"--set {item!r}: the value is not a valid YAML scalar") from None
         parts = key.split(".")
         if len(parts) > 2 or (len(parts) == 1 and key != "run_dir"):
             if key not in _all_keys():
@@ -322,7 +325,7 @@ def parse_overrides(overrides: list[str] | None) -> dict:
         for part in parts[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"--set '{item}': '{part}' is not a section")
+                raise ConfigError(f"--set {item!r}: {part!r} is not a section")
         node[parts[-1]] = value
     return nested
 

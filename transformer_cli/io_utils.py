@@ -15,6 +15,9 @@ from .errors import TcliError
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path in the same folder; on success fsync it and rename it over `path`."""
     path = Path(path)
+    blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:  # mkdir would only say "File exists"
+        raise TcliError(f"cannot write {path}: {blocker} is a file, not a folder")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -55,7 +58,22 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+# How savers that do their own file I/O (safetensors in Rust, torch's zip writer in C++) report a
+# failed write (disk full, file too large) instead of raising OSError.
+_SAVER_IO_ERRORS = ("I/O error: ", "file write failed", "inline_container.cc", "PytorchStreamWriter")
+
+
 def atomic_save(path: str | Path, save: Callable[[Path], None]) -> None:
     """Call `save(tmp_path)` (e.g. safetensors.torch.save_file) and move the result to `path` atomically."""
     with atomic_path(path) as tmp:
-        save(tmp)
+        try:
+            save(tmp)
+        except (OSError, TcliError):
+            raise
+        except Exception as e:  # noqa: BLE001 - only write failures are turned into OSError
+            text = str(e).splitlines()[0] if str(e) else ""
+            hint = next((h for h in _SAVER_IO_ERRORS if h in text), None)
+            if hint is None:
+                raise
+            reason = text.split(hint, 1)[1] if hint == "I/O error: " else "the write failed (disk full?)"
+            raise OSError(reason.split(" (os error")[0]) from e

@@ -160,13 +160,18 @@ def decode_lines(stream, name: str) -> Iterator[str]:
         yield text.rstrip("\n").rstrip("\r")
 
 
+def one_line(text: str) -> str:
+    """A translation as one output line: a model with byte-fallback pieces can emit \\n or \\r."""
+    return text.replace("\r", " ").replace("\n", " ")
+
+
 def format_nbest(hyps: list[tuple[str, float]], with_scores: bool) -> str:
     """One output line: the translation, or `hyp<TAB>score` pairs for n-best output."""
     if not with_scores:
-        return hyps[0][0]
+        return one_line(hyps[0][0])
     if len(hyps) == 1 and hyps[0] == ("", 0.0):
         return ""
-    return "\t".join(f"{text.replace(chr(9), ' ')}\t{score:.4f}" for text, score in hyps)
+    return "\t".join(f"{one_line(text).replace(chr(9), ' ')}\t{score:.4f}" for text, score in hyps)
 
 
 def translate_stream_to(translator: Translator, stream, name: str, write: Callable[[str], None],
@@ -204,7 +209,7 @@ def evaluate_run(run_dir: str | Path, split: str = "test", checkpoint: str | Non
     label = checkpoint_label(checkpoint or translator.cfg.decode.checkpoint)
     hyp_path = run_dir / "hyps" / f"{split}.{label}.txt"
     ref_path = run_dir / "hyps" / f"{split}.ref.txt"
-    atomic_write_text(hyp_path, "".join(h.replace("\n", " ") + "\n" for h in hyps))
+    atomic_write_text(hyp_path, "".join(one_line(h) + "\n" for h in hyps))
     atomic_write_text(ref_path, "".join(r + "\n" for r in data.tgt_text))
     scores = score_files(hyp_path, ref_path, translator.cfg.eval.tokenize)
     scores.update(split=split, checkpoint=str(translator.checkpoint), hyp_file=str(hyp_path),
