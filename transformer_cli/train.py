@@ -14,6 +14,7 @@ never changes the training trajectory. Every checkpoint write is atomic (checkpo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -215,27 +216,34 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _put(q: queue.Queue, item, stop: threading.Event) -> bool:
+    """Put `item` unless `stop` is set first; True when it was put."""
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.05)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
 def prefetch(items, depth: int = 2):
-    """Yield from `items` computed by a background thread `depth` ahead (collation overlaps compute)."""
+    """Yield from `items` computed by a background thread `depth` ahead (collation overlaps compute).
+
+    Closing the generator stops and joins the thread: no thread may outlive the loop (a daemon
+    thread still inside torch at interpreter exit aborts the process).
+    """
     q: queue.Queue = queue.Queue(maxsize=depth)
-    done = object()
-    stop = threading.Event()
+    done, stop = object(), threading.Event()
 
     def work():
         try:
             for item in items:
-                while not stop.is_set():
-                    try:
-                        q.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not _put(q, item, stop):
                     return
+            _put(q, done, stop)
         except BaseException as e:  # noqa: BLE001 - handed to the consumer
-            q.put(e)
-            return
-        q.put(done)
+            _put(q, e, stop)
 
     thread = threading.Thread(target=work, daemon=True)
     thread.start()
@@ -246,6 +254,7 @@ def prefetch(items, depth: int = 2):
             yield item
     finally:
         stop.set()
+        thread.join()
 
 
 def autocast(device: torch.device, precision: str):
@@ -437,8 +446,9 @@ class Trainer:
         except ImportError:
             return {}
         srcs = [ids.tolist() for ids in self.valid_split.src]
-        with torch.inference_mode(), autocast(self.device, self.t.precision):
-            hyps = decode_ids(self.model, srcs, self.cfg.decode, self.device, beam=self.t.valid_beam)
+        # decode in the training precision, best hypothesis only, never sampled
+        dcfg = dataclasses.replace(self.cfg.decode, precision=self.t.precision, sampling=False, nbest=1)
+        hyps = decode_ids(self.model, srcs, dcfg, self.device, beam=self.t.valid_beam)
         scores = corpus_scores(self.tokenizer.decode_tgt(hyps), self.valid_split.tgt_text)
         return {"valid_bleu": round(scores["bleu"], 3), "valid_chrf": round(scores["chrf"], 3)}
 
@@ -557,6 +567,8 @@ class Trainer:
             if t.max_epochs and p.epoch > t.max_epochs:
                 return "max_epochs"
             batches = self.epoch_batches(p.epoch)
+            if self.bar is not None:
+                self.bar.set_description(f"epoch {p.epoch}")
             for position, tokens, mine in prefetch(self.updates(batches, p.position)):
                 lr = self.train_update(mine, tokens, loss_acc, model)
                 p.step, p.position = p.step + 1, position
