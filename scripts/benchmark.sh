@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# The reproducible Multi30k report (issue 7): for each config prepare, train, average, decode the
+# test set with beam 5 (best and averaged checkpoints), score, measure time and peak memory; then
+# the speed scripts; then docs/results.json, the `## Quality` section of docs/benchmarks.md, the
+# training curves and one cross-attention heatmap. Resumable: a run whose bench/result.json exists
+# is skipped, an interrupted training continues with --resume. Progress goes to stderr.
+#
+#   scripts/benchmark.sh                       # de-en, en-de, en-fr with the shipped configs -> docs/
+#   scripts/benchmark.sh --configs configs/multi30k_de_en_cpu60.yaml
+#   scripts/benchmark.sh --quick               # smoke test: configs/smoke.yaml, 60 updates, output in /tmp
+set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+usage: scripts/benchmark.sh [options]
+  --configs "A.yaml B.yaml"  configs to run (default: configs/multi30k_{de_en,en_de,en_fr}.yaml;
+                             --quick: configs/smoke.yaml)
+  --quick                    smoke mode: tiny limits (train.max_steps=60), output under
+                             ${TMPDIR:-/tmp}/tcli-bench-quick unless --out/--runs are given
+  --set KEY=VALUE            config override passed to tcli train (repeatable), e.g. train.device=cuda
+  --runs DIR                 where the run dirs go (default: runs/bench)
+  --out DIR                  where results.json, speed.json and the PNGs go (default: docs)
+  --doc FILE                 the Markdown file whose "## Quality" section is regenerated
+                             (default: docs/benchmarks.md; --quick: OUT/benchmarks.md)
+  --average N                average the last N periodic checkpoints (default: 5)
+  --beam N                   beam size for the test set (default: 5)
+  --no-speed                 skip scripts/bench_train.py and scripts/bench_decode.py
+  --force                    redo finished runs (tcli train --overwrite) and the speed runs
+EOF
+}
+
+cd "$(dirname "$0")/.."
+QUICK=0 FORCE=0 SPEED=1 AVERAGE=5 BEAM=5 CONFIGS="" RUNS="" OUT="" DOC=""
+SETS=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --configs) CONFIGS="$2"; shift 2 ;;
+    --quick) QUICK=1; shift ;;
+    --set) SETS+=("$2"); shift 2 ;;
+    --runs) RUNS="$2"; shift 2 ;;
+    --out) OUT="$2"; shift 2 ;;
+    --doc) DOC="$2"; shift 2 ;;
+    --average) AVERAGE="$2"; shift 2 ;;
+    --beam) BEAM="$2"; shift 2 ;;
+    --no-speed) SPEED=0; shift ;;
+    --force) FORCE=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "benchmark: unknown option '$1'" >&2; usage >&2; exit 2 ;;
+  esac
+done
+
+MODE=full
+if [[ $QUICK == 1 ]]; then
+  MODE=quick
+  QROOT="${TMPDIR:-/tmp}/tcli-bench-quick"
+  CONFIGS="${CONFIGS:-configs/smoke.yaml}"
+  RUNS="${RUNS:-$QROOT/runs}"
+  OUT="${OUT:-$QROOT/docs}"
+  AVERAGE=2
+  # tiny limits: the point is that every step runs, not the scores
+  SETS=(train.max_steps=60 train.valid_every=30 train.log_every=10 train.keep_last=3 ${SETS[@]+"${SETS[@]}"})
+fi
+CONFIGS="${CONFIGS:-configs/multi30k_de_en.yaml configs/multi30k_en_de.yaml configs/multi30k_en_fr.yaml}"
+RUNS="${RUNS:-runs/bench}"
+OUT="${OUT:-docs}"
+DOC="${DOC:-$([[ $QUICK == 1 ]] && echo "$OUT/benchmarks.md" || echo docs/benchmarks.md)}"
+mkdir -p "$RUNS" "$OUT"
+if [[ $QUICK == 1 && ! -f $DOC ]]; then cp docs/benchmarks.md "$DOC"; fi
+
+if command -v tcli >/dev/null 2>&1; then TCLI=(tcli); else TCLI=(python -m transformer_cli); fi
+PY=(python scripts/benchmark.py)
+SET_ARGS=()
+for s in ${SETS[@]+"${SETS[@]}"}; do SET_ARGS+=(--set "$s"); done
+
+log() { echo "benchmark: $*" >&2; }
+step_start=$SECONDS
+elapsed() { echo "$((SECONDS - step_start))s"; }
+
+run_config() {
+  local config=$1 stem run bench n ck
+  stem=$(basename "$config" .yaml)
+  run="$RUNS/$stem"
+  bench="$run/bench"
+  if [[ -f $bench/result.json && $FORCE == 0 ]]; then
+    log "$stem: skipped, $bench/result.json exists (--force to redo)"
+    return
+  fi
+  mkdir -p "$bench"
+  local train=("${TCLI[@]}" train --config "$config" --run-dir "$run" ${SET_ARGS[@]+"${SET_ARGS[@]}"})
+  if [[ $FORCE == 1 ]]; then
+    rm -f "$bench"/*.json "$bench"/*.tmp "$bench"/train.stdout
+    train+=(--overwrite)
+  elif [[ -f $bench/train.stdout ]]; then
+    log "$stem: training already finished ($bench/train.stdout)"
+    train=()
+  elif [[ -d $run/checkpoints/last ]]; then
+    log "$stem: continuing the interrupted training"
+    train+=(--resume)
+  fi
+  if [[ ${#train[@]} -gt 0 ]]; then
+    log "$stem: ${train[*]}"
+    "${PY[@]}" measure --json "$bench/train.measure.json" -- "${train[@]}" > "$bench/train.stdout.tmp"
+    mv "$bench/train.stdout.tmp" "$bench/train.stdout"
+    log "$stem: trained ($(elapsed)): $(cat "$bench/train.stdout")"
+  fi
+
+  n=$("${PY[@]}" steps "$run")
+  (( n > AVERAGE )) && n=$AVERAGE
+  local checkpoints=(best)
+  if (( n > 0 )); then
+    "${TCLI[@]}" average --run-dir "$run" --last "$n" >&2
+    checkpoints+=(averaged)
+  fi
+  for ck in "${checkpoints[@]}"; do
+    log "$stem: decoding the test set with the $ck checkpoint, beam $BEAM"
+    "${PY[@]}" measure --json "$bench/eval.$ck.measure.json" -- \
+      "${TCLI[@]}" eval --run-dir "$run" --split test --checkpoint "$ck" --beam "$BEAM" --json --quiet \
+      > "$bench/eval.$ck.json.tmp"
+    mv "$bench/eval.$ck.json.tmp" "$bench/eval.$ck.json"
+  done
+  "${TCLI[@]}" plot --run-dir "$run" -o "$OUT/training_$stem.png" >&2
+  "${PY[@]}" record --run-dir "$run" --config "$config" --mode "$MODE"
+  log "$stem: done ($(elapsed))"
+}
+
+for config in $CONFIGS; do
+  [[ -f $config ]] || { log "config $config not found"; exit 2; }
+  run_config "$config"
+done
+
+# One cross-attention heatmap: the first config's run, the averaged checkpoint when there is one.
+first=$(basename "${CONFIGS%% *}" .yaml)
+ck=best; [[ -d $RUNS/$first/checkpoints/averaged ]] && ck=averaged
+text=$("${PY[@]}" sample-source "$RUNS/$first")
+"${TCLI[@]}" attention --run-dir "$RUNS/$first" --checkpoint "$ck" --text "$text" -o "$OUT/attention_$first.png" >&2
+FIGURES=()
+for config in $CONFIGS; do FIGURES+=(--figure "$OUT/training_$(basename "$config" .yaml).png"); done
+FIGURES+=(--figure "$OUT/attention_$first.png")
+
+SPEED_ARGS=()
+if [[ $SPEED == 1 ]]; then
+  mkdir -p "$RUNS/speed"
+  if [[ -f scripts/bench_train.py ]]; then
+    if [[ $QUICK == 1 ]]; then targs=(--steps 2 --rounds 1 --no-rss); else targs=(--steps 40 --rounds 4); fi
+    tcmd=(python scripts/bench_train.py "${targs[@]}" --run-dir "$RUNS/speed/bench_train")
+    if [[ ! -f $RUNS/speed/train.log || $FORCE == 1 ]]; then
+      log "training speed: ${tcmd[*]}"
+      "${tcmd[@]}" > "$RUNS/speed/train.log.tmp"
+      mv "$RUNS/speed/train.log.tmp" "$RUNS/speed/train.log"
+    fi
+    SPEED_ARGS+=(--train-log "$RUNS/speed/train.log" --train-cmd "${tcmd[*]}")
+  fi
+  if [[ -f scripts/bench_decode.py ]]; then
+    # decoding speed of the model just trained (the first config's averaged or best checkpoint)
+    if [[ $QUICK == 1 ]]; then dargs=(--limit 40 --repeats 1 --per-token-sentences 2); else dargs=(--repeats 3); fi
+    dcmd=(python scripts/bench_decode.py --run-dir "$RUNS/$first" --checkpoint "$ck" "${dargs[@]}")
+    if [[ ! -f $RUNS/speed/decode.log || $FORCE == 1 ]]; then
+      log "decoding speed: ${dcmd[*]}"
+      "${dcmd[@]}" > "$RUNS/speed/decode.log.tmp"
+      mv "$RUNS/speed/decode.log.tmp" "$RUNS/speed/decode.log"
+    fi
+    SPEED_ARGS+=(--decode-log "$RUNS/speed/decode.log" --decode-cmd "${dcmd[*]}")
+  else
+    log "scripts/bench_decode.py not found: no decoding-speed table"
+  fi
+  "${PY[@]}" speed --out "$OUT/speed.json" ${SPEED_ARGS[@]+"${SPEED_ARGS[@]}"}
+  SPEED_ARGS=(--speed "$OUT/speed.json")
+fi
+
+RUN_DIRS=()
+for config in $CONFIGS; do RUN_DIRS+=("$RUNS/$(basename "$config" .yaml)"); done
+"${PY[@]}" report --results "$OUT/results.json" --doc "$DOC" ${SPEED_ARGS[@]+"${SPEED_ARGS[@]}"} \
+  "${FIGURES[@]}" "${RUN_DIRS[@]}"
+log "finished in $(elapsed) ($MODE mode): $OUT/results.json, $DOC"

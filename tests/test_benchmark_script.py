@@ -1,0 +1,151 @@
+"""scripts/benchmark.sh end to end in quick mode on a tiny Multi30k slice, and its helpers.
+
+The results.json figures are checked against sacreBLEU recomputed here from the hypothesis files
+the pipeline wrote, and against the run's metrics.jsonl: nothing is compared with typed-in numbers.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from transformer_cli.metrics import score_files
+
+from .conftest import ROOT
+
+spec = importlib.util.spec_from_file_location("benchmark", ROOT / "scripts" / "benchmark.py")
+benchmark = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(benchmark)
+
+TEST_LINES = 16
+# configs/smoke.yaml made smaller still: 20 updates, a checkpoint every 10 (2 to average)
+TINY_CONFIG = """\
+run_dir: runs/unused
+data: {{path: {data}, download: false, src_lang: de, tgt_lang: en, max_len: 64}}
+tokenizer: {{model_type: bpe, vocab_size: 400}}
+model: {{d_model: 32, num_heads: 2, ff_size: 64, encoder_layers: 1, decoder_layers: 1, norm: pre}}
+train: {{max_tokens: 1024, lr: 3e-3, warmup_steps: 5, max_steps: 20, valid_every: 10, log_every: 5,
+        threads: 1, keep_last: 3, keep_best: 2}}
+decode: {{max_len_a: 1.2, max_len_b: 3}}
+"""
+
+
+def run_benchmark(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    return subprocess.run(["bash", str(ROOT / "scripts" / "benchmark.sh"), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory, multi30k):
+    """One quick-mode pipeline run on 500/20/16 Multi30k de-en pairs; returns its folders."""
+    root = tmp_path_factory.mktemp("bench")
+    data = root / "data"
+    data.mkdir()
+    for split, count in (("train", 500), ("val", 20), ("test_2016_flickr", TEST_LINES)):
+        for lang in ("de", "en"):
+            with gzip.open(multi30k / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+                lines = [next(f) for _ in range(count)]
+            (data / f"{split}.{lang}").write_text("".join(lines), encoding="utf-8")
+    config = root / "tiny.yaml"
+    config.write_text(TINY_CONFIG.format(data=data), encoding="utf-8")
+    out, runs = root / "out", root / "runs"
+    result = run_benchmark("--quick", "--configs", str(config), "--runs", str(runs), "--out", str(out),
+                           "--no-speed", "--set", "train.max_steps=20", "--set", "train.valid_every=10")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {"root": root, "data": data, "config": config, "out": out, "run": runs / "tiny", "stderr": result.stderr,
+            "runs": runs}
+
+
+def test_results_json_holds_the_measured_scores(pipeline):
+    results = json.loads((pipeline["out"] / "results.json").read_text())
+    assert [r["checkpoint"] for r in results] == ["best", "averaged"]
+    run = pipeline["run"]
+    ref = run / "hyps" / "test.ref.txt"
+    # the pipeline scored against the test references of the config's data
+    assert ref.read_text(encoding="utf-8") == (pipeline["data"] / "test_2016_flickr.en").read_text(encoding="utf-8")
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    for r in results:
+        for key in benchmark.REQUIRED:
+            assert r[key] not in (None, ""), key
+        assert r["direction"] == "de-en" and r["test_set"] == "test_2016_flickr" and r["mode"] == "quick"
+        assert r["beam"] == 5 and r["num_sentences"] == TEST_LINES
+        again = score_files(run / "hyps" / f"test.{r['checkpoint']}.txt", ref)
+        for key in ("bleu", "bleu_lc", "chrf"):
+            assert r[key] == round(again[key], 2)
+            assert r[f"{key}_signature"] == again[f"{key}_signature"]
+        assert r["train_minutes"] == round(max(m["wall_s"] for m in metrics) / 60, 2)
+        assert r["train_steps"] == 20 and r["train_peak_rss_mb"] > 50
+        assert r["hardware"].startswith(("cpu: ", "gpu: "))
+        words = shlex.split(r["command"])
+        assert words[-2:] == ["--set", "train.valid_every=10"]  # the overrides, in the order given
+        assert "train" in words and words[words.index("--config") + 1] == str(pipeline["config"])
+        assert "--resume" not in words and "--overwrite" not in words
+        assert f"--checkpoint {r['checkpoint']}" in r["eval_command"] and "--beam 5" in r["eval_command"]
+    averaged = results[1]["averaged"]
+    assert averaged == ["step_00000010", "step_00000020"]
+
+
+def test_report_section_pngs_and_other_sections_kept(pipeline):
+    out = pipeline["out"]
+    doc = (out / "benchmarks.md").read_text(encoding="utf-8")
+    original = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    results = json.loads((out / "results.json").read_text())
+    quality = doc.split("\n## Quality\n", 1)[1].split("\n## ", 1)[0]
+    assert "QUICK-MODE SMOKE FIGURES" in quality
+    for r in results:
+        assert f"| {r['direction']} | {r['checkpoint']}" in quality
+        assert f"| {r['bleu']:.2f} | {r['bleu_lc']:.2f} | {r['chrf']:.2f} | 5 |" in quality
+    for line in original.splitlines():  # every other section survives word for word
+        if line.startswith("## ") and line != "## Quality":
+            section = original.split(line + "\n", 1)[1].split("\n## ", 1)[0]
+            assert section in doc
+    for png in ("training_tiny.png", "attention_tiny.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"]({png})" in quality
+
+
+def test_rerun_skips_finished_runs(pipeline):
+    before = (pipeline["run"] / "bench" / "train.measure.json").read_text()
+    results = (pipeline["out"] / "results.json").read_text()
+    again = run_benchmark("--quick", "--configs", str(pipeline["config"]), "--runs", str(pipeline["runs"]),
+                          "--out", str(pipeline["out"]), "--no-speed")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "tiny: skipped" in again.stderr
+    assert (pipeline["run"] / "bench" / "train.measure.json").read_text() == before
+    assert (pipeline["out"] / "results.json").read_text() == results
+
+
+def test_replace_section_is_idempotent_and_keeps_hand_text():
+    doc = "# B\n\n## A\ntext a\n\n## Quality\n\nhand-written intro\n\n## C\ntext c\n"
+    once = benchmark.replace_section(doc, "## Quality", f"{benchmark.BEGIN}\nv1\n{benchmark.END}\n")
+    twice = benchmark.replace_section(once, "## Quality", f"{benchmark.BEGIN}\nv2\n{benchmark.END}\n")
+    assert "hand-written intro" in twice and "v1" not in twice and "v2" in twice
+    assert twice.startswith("# B\n\n## A\ntext a\n\n## Quality\n") and twice.endswith("\n## C\ntext c\n")
+    assert benchmark.replace_section(twice, "## Quality", f"{benchmark.BEGIN}\nv2\n{benchmark.END}\n") == twice
+    appended = benchmark.replace_section("# B\n", "## Quality", "body\n")
+    assert appended == "# B\n\n## Quality\n\nbody\n"
+
+
+def test_measure_passes_exit_code_and_reports_peak_memory(tmp_path):
+    out = tmp_path / "m.json"
+    code = "b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096]); raise SystemExit(3)"
+    assert benchmark.measure(out, ["--", sys.executable, "-c", code]) == 3
+    m = json.loads(out.read_text())
+    assert m["exit_code"] == 3 and m["peak_rss_mb"] >= 300 and m["command"][-1] == code
+
+
+def test_check_record_names_missing_keys():
+    rec = {k: 1 for k in benchmark.REQUIRED}
+    benchmark.check_record(rec)
+    del rec["bleu_lc"]
+    with pytest.raises(ValueError, match="bleu_lc"):
+        benchmark.check_record(rec)
