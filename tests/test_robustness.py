@@ -123,6 +123,7 @@ class Case:
     limit_file_size: int = 0  # RLIMIT_FSIZE in bytes: writes beyond it fail (disk-full stand-in)
     interrupt: tuple[Callable[[Ctx], bool], int] | None = None  # (when, signal) sent while running
     stdin: bytes | None = None
+    traceback: bool = False  # only --debug shows one
 
 
 @dataclass
@@ -265,6 +266,15 @@ def line_break_model(ctx):
     save_file(weights, str(path))
 
 
+def corrupt_mirror(ctx):
+    write(ctx.tmp / "mirror/train.de.gz", gzip.compress(b"not the corpus\n"))
+
+
+def translating_to_file(ctx) -> bool:
+    """True once `translate -o out.txt` has opened its temporary output file."""
+    return any(p.name.startswith(".out.txt.") for p in ctx.tmp.iterdir())
+
+
 def hyp_ref(ctx):
     write(ctx.tmp / "hyp.txt", "a dog runs\na cat sits\nthree\n")
     write(ctx.tmp / "ref.txt", "a dog runs\na cat sits\n")
@@ -292,6 +302,9 @@ def translated_in_order(ctx, out):
 
 def empty_output(ctx, out):
     assert (ctx.tmp / "out.txt").read_bytes() == b"" and out.stdout == ""
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (ctx.tmp / "out.txt").stat().st_mode & 0o777 == 0o666 & ~umask  # the usual mode, not a temp file's 0600
 
 
 def split_aligned(ctx, out):
@@ -465,6 +478,18 @@ CASES = [
     Case("plot-broken-metrics", ("plot", "--run-dir", "{run}", "-o", "{tmp}/curves.png"), 2,
          "metrics.jsonl:9: not a JSON line", broken_metrics, run="copy",
          check=lambda c, o: not (c.tmp / "curves.png").exists() or pytest.fail("a plot was written")),
+    Case("resume-broken-metrics", train("--resume"), 2, "metrics.jsonl:9: not a JSON line", broken_metrics,
+         run="copy", writes=("run/config.yaml",)),
+    Case("sigterm-during-translate-output", (*TRANSLATE, "-i", "{tiny}/train.de", "-o", "{tmp}/out.txt"), 143,
+         "error: terminated by SIGTERM; files being written were discarded", interrupt=(translating_to_file, signal.SIGTERM),
+         check=lambda c, o: not (c.tmp / "out.txt").exists() or pytest.fail("a partial output was left")),
+    Case("download-corrupt", ("download", "multi30k", "--dest", "{tmp}/dl", "--base-url", "file://{tmp}/mirror", "-q"), 1,
+         "does not match the expected", corrupt_mirror,
+         check=lambda c, o: not (c.tmp / "dl/train.de.gz").exists() or pytest.fail("a corrupt file was kept")),
+    Case("attention-bad-layer", ("attention", "--run-dir", "{run}", "--text", "Ein Hund.", "--layer", "7", "-o",
+                                 "{tmp}/a.png"), 2, "--layer must be 'all' or a number from 1 to 2, got '7'"),
+    Case("debug-shows-traceback", ("--debug", "config", "-c", "{tmp}/nope.yaml"), 2, "nope.yaml: config file not found",
+         traceback=True),
     Case("average-too-few", ("average", "--run-dir", "{run}", "--last", "5"), 2,
          "holds 2 usable step_* checkpoints, 5 were asked for"),
 ]
@@ -543,10 +568,12 @@ def test_table_is_large_and_ids_unique():
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_robustness(case: Case, outcomes):
     ctx, out = outcomes[case.id].result()
-    assert "Traceback" not in out.stderr, out.stderr
+    assert ("Traceback" in out.stderr) == case.traceback, out.stderr
     assert out.code == case.code, out.stderr[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
-    if case.code in (1, 2):
+    if case.code in (1, 2, 143) and case.message.startswith("error: "):
+        assert ctx.fmt(case.message) == errors[0] and len(errors) == 1, out.stderr
+    elif case.code in (1, 2):
         assert len(errors) == 1 and out.stderr.rstrip("\n").endswith(errors[0]), out.stderr  # one line, last
         assert ctx.fmt(case.message) in errors[0], errors[0]
     else:

@@ -297,18 +297,34 @@ def attention(
     typer.echo(str(path))
 
 
+class Terminated(BaseException):
+    """SIGTERM as an exception (not an Exception: nothing may swallow it), so `finally` blocks remove temp files."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated()
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """Entry point: run the app, turning user errors into `error: ...` and an exit code."""
+    import signal
+
+    signal.signal(signal.SIGTERM, _terminate)  # training installs its own handler (checkpoint, then 143)
     try:
         app(args=argv, prog_name="tcli", standalone_mode=True)
     except TcliError as e:
         if os.environ.get("TCLI_DEBUG") == "1":
-            raise
+            import traceback
+
+            traceback.print_exc()  # and still the one-line message and the documented exit code
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         sys.exit(130)
+    except Terminated:
+        print("error: terminated by SIGTERM; files being written were discarded", file=sys.stderr)
+        sys.exit(143)
 
 
 __all__ = ["app", "main", "load_cli_config", "ConfigError"]

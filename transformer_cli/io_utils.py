@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -18,14 +18,15 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
     if blocker is not None:  # mkdir would only say "File exists"
         raise TcliError(f"cannot write {path}: {blocker} is a file, not a folder")
+    # Named before it exists (not mkstemp): a signal at any moment after this line cannot leave an
+    # orphan, since `finally` knows the name. O_EXCL as mkstemp; mode 0666 & ~umask, not mkstemp's 0600.
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(fd)
-    except OSError as e:
-        raise TcliError(f"cannot write {path}: {e.strerror or e}") from None
-    tmp = Path(tmp)
-    try:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except OSError as e:
+            raise TcliError(f"cannot write {path}: {e.strerror or e}") from None
         yield tmp
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
@@ -34,7 +35,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     except OSError as e:
         raise TcliError(f"cannot write {path}: {e.strerror or e}; the previous file is unchanged") from None
     finally:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             tmp.unlink()
 
 

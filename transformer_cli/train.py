@@ -506,9 +506,11 @@ class Trainer:
 
     def load_records(self) -> None:
         """Keep the metrics lines up to the resumed step (later ones came from the killed run)."""
+        from .plots import read_metrics  # a broken line is a DataError naming it, not a traceback
+
         path = self.run_dir / "metrics.jsonl"
         if self.dist.main and path.is_file():
-            lines = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+            lines = [r for r in read_metrics(self.run_dir) if isinstance(r, dict)]
             self.records = [r for r in lines if r.get("step", 0) <= self.progress.step]
 
     def log(self, message: str) -> None:
