@@ -293,6 +293,24 @@ def _finalize(finished: _Finished, sents, hist, top_scores, top_beam, top_token,
         finished.add(int(sents[slot]), Hypothesis(tokens, logprob / length_penalty(length, alpha), logprob))
 
 
+def _first_step(model, memory, mask, cache, k: int, use_cache: bool) -> torch.Tensor:
+    """Log-probs (N*k, V) of the first token for N slots (memory (N, S, d)), the cache grown to k beams.
+
+    All beams start from BOS, so the decoder runs once per sentence (and projects the encoder
+    keys/values once), then the cache is copied to the k beams. The copy also matters for batch
+    invariance: attention over a copied (contiguous) key tensor and over the strided one the
+    projection made differ in the last bits, and compaction copies; so every path uses a copy.
+    """
+    N = memory.shape[0]
+    rows = _fill(torch.arange(N, device=memory.device), MIN_ROWS)  # at least MIN_ROWS rows
+    hist = torch.full((len(rows), 1), BOS_ID, dtype=torch.long, device=memory.device)  # (R, 1)
+    logp = _next_log_probs(model, hist, memory[rows], mask[rows], cache, use_cache)[:N]  # (N, V)
+    beams = torch.arange(N, device=memory.device).repeat_interleave(k)  # (N*k,): slot of each beam
+    if use_cache:
+        cache.reorder(beams)
+    return logp[beams]
+
+
 def beam_search(
     model,
     src: torch.Tensor,
@@ -316,17 +334,18 @@ def beam_search(
     min_slots = _min_slots(k, S)
     sents = _fill(torch.arange(B, device=device), min_slots)  # sentence of each slot (N,)
     done = torch.arange(len(sents), device=device) >= B  # fillers count as done from the start
-    rows = sents.repeat_interleave(k)  # (N*k,): k beams per slot, one source each
-    memory, mask = model.encode(src[sents], src_mask[sents]).repeat_interleave(k, dim=0), src_mask[rows]
+    memory, mask = model.encode(src[sents], src_mask[sents]), src_mask[sents]  # (N, S, d), (N, S)
     cache = model.new_cache()
-    hist = torch.full((len(rows), 1), BOS_ID, dtype=torch.long, device=device)  # (N*k, t)
+    first = _first_step(model, memory, mask, cache, k, use_cache)  # (N*k, V)
+    memory, mask = memory.repeat_interleave(k, dim=0), mask.repeat_interleave(k, dim=0)  # k beams per slot
+    hist = torch.full((len(sents) * k, 1), BOS_ID, dtype=torch.long, device=device)  # (N*k, t)
     scores = torch.zeros(len(sents), k, device=device)
     scores[:, 1:] = NEG_INF  # all beams start equal: expand only the first one
     finished = _Finished([[] for _ in range(B)], nbest)
     for step in range(int(max_lens.max()) + 1):
         N = len(sents)
         slot_max = max_lens[sents]  # (N,)
-        logp = _next_log_probs(model, hist, memory, mask, cache, use_cache)  # (N*k, V)
+        logp = first if step == 0 else _next_log_probs(model, hist, memory, mask, cache, use_cache)  # (N*k, V)
         logp = _constrain(logp, step, min_len, slot_max.repeat_interleave(k))
         top_scores, top_beam, top_token = _beam_step(scores, logp, k)
         _finalize(finished, sents, hist, top_scores, top_beam, top_token, ~done, k, alpha)
@@ -334,10 +353,7 @@ def beam_search(
         reorder = (torch.arange(N, device=device)[:, None] * k + beam_idx).view(-1)  # (N*k,) rows to keep
         hist = torch.cat([hist[reorder], token.view(-1, 1)], dim=1)  # (N*k, t + 1)
         if use_cache:
-            # Beams of one slot share its encoder keys/values, so later steps leave them alone. Step 0
-            # copies them too: a (contiguous) copy and the strided tensor the projection made give
-            # different bits in attention, and compaction copies them; so always use a copy.
-            cache.reorder(reorder, cross=step == 0)
+            cache.reorder(reorder, cross=False)  # beams of one slot share its encoder keys/values
         done = done | (slot_max <= step) | _slot_done(finished, sents, scores, step, slot_max, alpha, k)
         if bool(done.all()):
             break
