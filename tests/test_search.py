@@ -225,6 +225,7 @@ def test_sampling_is_seeded_batch_invariant_and_top_k_1_is_greedy(tiny_model, so
     assert first[:10] == again
     greedy = search.decode_ids(tiny_model, sources, _cfg(), "cpu", beam=1)
     assert first != greedy  # temperature 1.5 really samples
+    assert search.decode_ids(tiny_model, sources, _cfg(sampling=True, temperature=1.5, top_p=0.9, seed=7), "cpu") != first
     assert search.decode_ids(tiny_model, sources, _cfg(sampling=True, top_k=1), "cpu") == greedy
 
 

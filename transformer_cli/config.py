@@ -125,6 +125,7 @@ class DecodeConfig:
     temperature: float = 1.0  # sampling temperature
     top_k: int = 0  # sample from the k most likely tokens (0 = all)
     top_p: float = 1.0  # nucleus sampling mass
+    seed: int = 1  # sampling seed (a sentence's samples depend on it and on the sentence only)
     checkpoint: str = "best"  # best | last | averaged | path to a .safetensors file
     precision: str = "fp32"  # fp32 | bf16 | fp16
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
@@ -183,7 +184,7 @@ NON_NEGATIVE = {
     "data.max_train_pairs", "data.max_ratio", "train.threads", "train.warmup_steps",
     "train.weight_decay", "train.min_lr", "train.clip_norm", "train.max_steps",
     "train.max_epochs", "train.max_minutes", "train.patience", "train.eps", "decode.max_len_a",
-    "decode.max_len_b", "decode.min_len", "decode.top_k",
+    "decode.max_len_b", "decode.min_len", "decode.top_k", "decode.seed",
 }
 UNIT_INTERVAL = {"model.dropout", "model.attention_dropout", "train.label_smoothing"}  # [0, 1)
 

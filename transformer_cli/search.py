@@ -427,7 +427,7 @@ def decode_nbest(
     limit = getattr(getattr(model, "cfg", None), "max_len", 1024)
     inputs = prepare_sources(srcs, limit)
     max_lens = [max_output_len(len(s) - 1, cfg.max_len_a, cfg.max_len_b, limit - 1) for s in inputs]
-    keys = sentence_keys(inputs, seed=0) if cfg.sampling else None
+    keys = sentence_keys(inputs, seed=cfg.seed) if cfg.sampling else None
     results: list[list[Hypothesis]] = [[] for _ in inputs]
     bar = _progress(len(inputs), progress)
     was_training = model.training
