@@ -237,16 +237,14 @@ def quality_table(results: list[dict]) -> list[str]:
 
 
 def run_table(results: list[dict]) -> list[str]:
-    """Per training run: its measured speed and memory (one row per run, not per checkpoint)."""
-    lines = ["| direction | train tgt tok/s (median of log windows) | train peak RSS MB | "
-             "eval wall s (beam, 1,000 sents, load incl.) | eval peak RSS MB |", "|---|---|---|---|---|"]
-    seen = set()
+    """Per result: the training run's speed and memory, and the measured `tcli eval` (beam search)."""
+    lines = ["| direction | checkpoint | train tgt tok/s (median of log windows) | train peak RSS MB | "
+             "eval wall s (test set, model load included) | eval sentences/s | eval peak RSS MB |",
+             "|---|---|---|---|---|---|---|"]
     for r in results:
-        if r["run_dir"] in seen:
-            continue
-        seen.add(r["run_dir"])
-        lines.append(f"| {r['direction']} | {fmt(r.get('train_tgt_tokens_per_s'))} | {fmt(r['train_peak_rss_mb'], 0)} | "
-                     f"{fmt(r['eval_wall_s'], 1)} | {fmt(r['eval_peak_rss_mb'], 0)} |")
+        lines.append(f"| {r['direction']} | {r['checkpoint']} | {fmt(r.get('train_tgt_tokens_per_s'))} | "
+                     f"{fmt(r['train_peak_rss_mb'], 0)} | {fmt(r['eval_wall_s'], 1)} | "
+                     f"{fmt(r['num_sentences'] / r['eval_wall_s'], 1)} | {fmt(r['eval_peak_rss_mb'], 0)} |")
     return lines
 
 

@@ -152,7 +152,7 @@ if [[ $SPEED == 1 ]]; then
   fi
   if [[ -f scripts/bench_decode.py ]]; then
     # decoding speed of the model just trained (the first config's averaged or best checkpoint)
-    if [[ $QUICK == 1 ]]; then dargs=(--limit 40 --repeats 1 --per-token-sentences 2); else dargs=(--repeats 3); fi
+    if [[ $QUICK == 1 ]]; then dargs=(--limit 10 --repeats 1 --per-token-sentences 1); else dargs=(--repeats 3); fi
     dcmd=(python scripts/bench_decode.py --run-dir "$RUNS/$first" --checkpoint "$ck" "${dargs[@]}")
     if [[ ! -f $RUNS/speed/decode.log || $FORCE == 1 ]]; then
       log "decoding speed: ${dcmd[*]}"
