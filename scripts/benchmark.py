@@ -321,6 +321,11 @@ def report(run_dirs: list[Path], results_path: Path, doc_path: Path, speed_path:
     results = []
     for run_dir in run_dirs:
         results += read_json(run_dir / "bench" / "result.json")
+    if results_path.is_file():  # keep what earlier invocations measured for other runs of the same mode
+        now = {r["run_dir"] for r in results}
+        modes = {r["mode"] for r in results}
+        earlier = [r for r in read_json(results_path) if r.get("run_dir") not in now and r.get("mode") in modes]
+        results = earlier + results
     for r in results:
         check_record(r)
     atomic_write_text(results_path, json.dumps(results, indent=1) + "\n")

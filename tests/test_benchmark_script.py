@@ -149,3 +149,19 @@ def test_check_record_names_missing_keys():
     del rec["bleu_lc"]
     with pytest.raises(ValueError, match="bleu_lc"):
         benchmark.check_record(rec)
+
+
+def test_report_keeps_earlier_runs_and_replaces_redone_ones(pipeline, tmp_path):
+    """A second invocation on another run dir adds its results; redoing a run replaces its results."""
+    real = json.loads((pipeline["run"] / "bench" / "result.json").read_text())
+    other = tmp_path / "other"
+    (other / "bench").mkdir(parents=True)
+    moved = [{**r, "run_dir": str(other), "direction": "en-de", "bleu": r["bleu"] + 1} for r in real]
+    (other / "bench" / "result.json").write_text(json.dumps(moved))
+    results, doc = tmp_path / "results.json", tmp_path / "b.md"
+    benchmark.report([pipeline["run"]], results, doc, None, [])
+    benchmark.report([other], results, doc, None, [])
+    assert json.loads(results.read_text()) == real + moved
+    benchmark.report([pipeline["run"]], results, doc, None, [])  # redone: its old rows are replaced
+    assert json.loads(results.read_text()) == moved + real
+    assert doc.read_text().count("| en-de | best |") == 2  # quality and per-run tables
