@@ -69,7 +69,8 @@ def test_cli_file_to_file_matches_api_and_nbest(translator, test_lines, smoke_ru
     src = tmp_path / "in.de"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "out.en"
-    r = tcli("translate", "--run-dir", smoke_run, "-i", src, "-o", out, "--buffer-size", 5, "--max-tokens", 64)
+    r = tcli("translate", "--run-dir", smoke_run, "-i", src, "-o", out, "--buffer-size", 5, "--max-tokens", 64,
+             "--threads", 1)
     assert r.returncode == 0, r.stderr
     assert r.stdout == ""  # results go to the file only
     assert out.read_text(encoding="utf-8").split("\n")[:-1] == translator.translate(lines)

@@ -185,6 +185,7 @@ AlphaOpt = typer.Option(None, "--alpha", help="Length penalty exponent (default:
 DeviceOpt = typer.Option(None, "--device", help="auto | cpu | cuda | cuda:N | mps (default: decode.device).")
 PrecisionOpt = typer.Option(None, "--precision", help="fp32 | bf16 | fp16 (default: decode.precision).")
 MaxTokensOpt = typer.Option(None, "--max-tokens", help="Padded source tokens per batch (default: decode.max_tokens).")
+ThreadsOpt = typer.Option(None, "--threads", help="CPU threads for torch (default: decode.threads; 0 = torch's default).")
 
 
 @app.command()
@@ -200,6 +201,7 @@ def translate(
     sampling: Optional[bool] = typer.Option(None, "--sampling/--no-sampling", help="Sample (decode.temperature/top_k/top_p) instead of searching."),
     device: Optional[str] = DeviceOpt,
     precision: Optional[str] = PrecisionOpt,
+    threads: Optional[int] = ThreadsOpt,
     buffer_size: Optional[int] = typer.Option(None, "--buffer-size", help="Lines read before translating them (default: 1 on a terminal, else 1000)."),
     quiet: bool = QuietOpt,
 ) -> None:
@@ -209,7 +211,8 @@ def translate(
 
     if buffer_size is not None and buffer_size < 1:
         raise ConfigError(f"--buffer-size must be >= 1, got {buffer_size}")
-    decode = dict(beam=beam, alpha=alpha, max_tokens=max_tokens, nbest=nbest, sampling=sampling, precision=precision)
+    decode = dict(beam=beam, alpha=alpha, max_tokens=max_tokens, nbest=nbest, sampling=sampling, precision=precision,
+                  threads=threads)
     translator = Translator.from_run_dir(run_dir, checkpoint, device=device, decode=decode)
     nbest = translator.decode_cfg.nbest
     if nbest > translator.decode_cfg.beam:
@@ -245,6 +248,7 @@ def eval_cmd(
     max_tokens: Optional[int] = MaxTokensOpt,
     device: Optional[str] = DeviceOpt,
     precision: Optional[str] = PrecisionOpt,
+    threads: Optional[int] = ThreadsOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the scores as JSON."),
     quiet: bool = QuietOpt,
 ) -> None:
@@ -263,7 +267,7 @@ def eval_cmd(
     else:
         if split is not None and split not in ("test", "valid"):
             raise ConfigError(f"--split must be test or valid, got '{split}'")
-        decode = dict(beam=beam, alpha=alpha, max_tokens=max_tokens, precision=precision)
+        decode = dict(beam=beam, alpha=alpha, max_tokens=max_tokens, precision=precision, threads=threads)
         scores = evaluate_run(run_dir, split or _eval_split(run_dir), checkpoint, device, decode, quiet)
     typer.echo(json.dumps(scores, indent=2) if as_json else format_table(scores))
 

@@ -129,6 +129,7 @@ class DecodeConfig:
     checkpoint: str = "best"  # best | last | averaged | path to a .safetensors file
     precision: str = "fp32"  # fp32 | bf16 | fp16
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    threads: int = 0  # CPU threads for torch while decoding (0 = torch's default; 1 is best on a busy CPU)
 
 
 @dataclass
@@ -184,7 +185,7 @@ NON_NEGATIVE = {
     "data.max_train_pairs", "data.max_ratio", "train.threads", "train.warmup_steps",
     "train.weight_decay", "train.min_lr", "train.clip_norm", "train.max_steps",
     "train.max_epochs", "train.max_minutes", "train.patience", "train.eps", "decode.max_len_a",
-    "decode.max_len_b", "decode.min_len", "decode.top_k", "decode.seed",
+    "decode.max_len_b", "decode.min_len", "decode.top_k", "decode.seed", "decode.threads",
 }
 UNIT_INTERVAL = {"model.dropout", "model.attention_dropout", "train.label_smoothing"}  # [0, 1)
 

@@ -54,6 +54,8 @@ class Translator:
             if value is not None:
                 setattr(cfg.decode, key, value)
         validate(cfg, "options")  # e.g. --beam 0 names decode.beam
+        if cfg.decode.threads:
+            torch.set_num_threads(cfg.decode.threads)  # process-wide, as train.threads does
         checkpoint = checkpoint or cfg.decode.checkpoint
         tokenizer = Tokenizer.load(run_dir / "tokenizer")
         model = build_model(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
@@ -177,11 +179,16 @@ def format_nbest(hyps: list[tuple[str, float]], with_scores: bool) -> str:
 def translate_stream_to(translator: Translator, stream, name: str, write: Callable[[str], None],
                         buffer_size: int, nbest: int = 1, quiet: bool = False) -> int:
     """Translate a binary input stream line by line into `write` (one call per output line); returns the count."""
+    import time
+
     warn = None if quiet else _stderr
-    count = 0
+    count, start = 0, time.perf_counter()
     for hyps in translator.translate_stream(decode_lines(stream, name), buffer_size, nbest, warn=warn):
         write(format_nbest(hyps, nbest > 1) + "\n")
         count += 1
+    if warn is not None:
+        secs = time.perf_counter() - start
+        warn(f"translated {count} lines from {name} in {secs:.1f} s ({count / max(secs, 1e-9):.1f} lines/s)")
     return count
 
 
