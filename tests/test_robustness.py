@@ -215,6 +215,10 @@ def pickle_state(ctx):
     torch.save({"format": 1, "progress": Payload(ctx.tmp / "MARKER")}, ctx.run / "checkpoints/last/trainer_state.pt")
 
 
+def pickle_split(ctx):
+    write(ctx.run / "data/test.npz", pickle.dumps(Payload(ctx.tmp / "MARKER")))
+
+
 def pickle_safetensors(ctx):
     write(ctx.tmp / "evil.safetensors", pickle.dumps(Payload(ctx.tmp / "MARKER")))
 
@@ -332,6 +336,8 @@ def checkpoint_saved_on_sigterm(ctx, out):
 
 def last_checkpoint_loads(ctx, out):
     """After a kill in the middle of a checkpoint write, `last` is whole: weights, state and info of one step."""
+    from safetensors import safe_open
+
     from transformer_cli import checkpoint as ck
 
     hidden = [p.name for p in (ctx.run / "checkpoints").iterdir() if p.name.startswith(".last.")]
@@ -341,6 +347,8 @@ def last_checkpoint_loads(ctx, out):
     assert folder == weights.parent
     step = ck.load_state(folder)["progress"]["step"]
     assert ck.read_info(folder)["step"] == step >= 1
+    with safe_open(str(weights), "pt") as f:
+        assert f.metadata()["step"] == str(step)  # the weights belong to the same update
     assert len(ck.load_tensors(weights)) > 0
     ck.recover(ctx.run)  # what the next `tcli train --resume` does first
     left = [p.name for p in (ctx.run / "checkpoints").iterdir() if p.name.startswith(".")]
@@ -356,6 +364,11 @@ def killed_during_write(ctx) -> bool:
         return False
 
 
+def switching_folders(ctx) -> bool:
+    """True while a complete new `last` is being swapped in: the old one is renamed to `.last.old`."""
+    return (ctx.run / "checkpoints/.last.old").exists()
+
+
 def metrics_written(ctx) -> bool:
     return (ctx.run / "metrics.jsonl").is_file()
 
@@ -367,6 +380,7 @@ def config_set(override: str) -> tuple[str, ...]:
 TRANSLATE = ("translate", "--run-dir", "{run}", "--quiet")
 PREPARE = ("prepare", "-c", SMOKE, "--run-dir", "{tmp}/run", *sets(data__path="{tmp}/data"))  # on {tmp}/data
 TRAIN_NEW = ("train", "-c", SMOKE, "--run-dir", "{tmp}/run")
+EVERY_STEP = train(train__max_steps=100000, train__valid_every=1, train__keep_best=1, train__keep_last=1)  # saves a lot
 CASES = [
     # -- config files and options (fail before any work: no run dir is created)
     Case("yaml-malformed", ("train", "-c", "{tmp}/bad.yaml", "--run-dir", "{tmp}/run"), 2,
@@ -426,9 +440,10 @@ CASES = [
     Case("sigterm-during-training", train(train__max_steps=100000, train__log_every=1), 143,
          "SIGTERM: saved", run="prepared", writes=("run/",), interrupt=(metrics_written, signal.SIGTERM),
          check=checkpoint_saved_on_sigterm),
-    Case("sigkill-during-checkpoint-write", train(train__max_steps=100000, train__valid_every=1, train__keep_best=1,
-                                                  train__keep_last=1), -signal.SIGKILL, "",
+    Case("sigkill-during-checkpoint-write", EVERY_STEP, -signal.SIGKILL, "",
          run="prepared", writes=("run/",), interrupt=(killed_during_write, signal.SIGKILL), check=last_checkpoint_loads),
+    Case("sigkill-during-checkpoint-switch", EVERY_STEP, -signal.SIGKILL, "",
+         run="prepared", writes=("run/",), interrupt=(switching_folders, signal.SIGKILL), check=last_checkpoint_loads),
     Case("disk-full-while-saving", ("average", "--run-dir", "{run}", "--last", "2"), 1,
          "model.safetensors: File too large; the previous file is unchanged", earlier_average, run="copy",
          limit_file_size=64 * 1024),
@@ -466,6 +481,9 @@ CASES = [
          check=file_translated_aligned),
     Case("eval-test-blank-lines", ("eval", "--run-dir", "{run}", "--json", "--quiet"), 0, "", run="copy",
          writes=("run/hyps/", "run/scores.json"), check=split_aligned),
+    Case("encoded-split-pickle-payload", ("eval", "--run-dir", "{run}", "--quiet"), 2,
+         "data/test.npz: cannot read the encoded split (This file contains pickled (object) data", pickle_split,
+         run="copy", check=marker_absent),
     Case("eval-line-count-mismatch", ("eval", "--hyp", "{tmp}/hyp.txt", "--ref", "{tmp}/ref.txt"), 2,
          "hyp.txt has 3 lines but {tmp}/ref.txt has 2; the hypothesis file needs one line per reference line", hyp_ref),
     Case("output-under-a-file", (*TRANSLATE, "-o", "{tmp}/in.txt/out.txt"), 1,
