@@ -402,9 +402,8 @@ class Trainer:
             last = i == len(batches) - 1
             sync = contextlib.nullcontext() if last or self.dist.world == 1 else model.no_sync()
             with sync:
-                with autocast(self.device, self.t.precision):
-                    logits = model(batch.src, batch.tgt_in)
-                    loss = token_loss_sum(logits, batch.tgt_out, self.t.label_smoothing)
+                with autocast(self.device, self.t.precision):  # logits not kept: frees (B, T, V) early
+                    loss = token_loss_sum(model(batch.src, batch.tgt_in), batch.tgt_out, self.t.label_smoothing)
                 scaled = loss * scale
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             loss_acc += loss.detach()
@@ -637,7 +636,8 @@ class Trainer:
 
         box = [asdict(self.progress)]
         dist.broadcast_object_list(box, src=0)
-        self.progress = Progress(**box[0])
+        for key, value in box[0].items():  # in place: the loop holds a reference to self.progress
+            setattr(self.progress, key, value)
 
     def _diverged(self) -> None:
         p = self.progress
