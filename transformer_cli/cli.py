@@ -108,7 +108,10 @@ def train(
     cfg = load_cli_config(config, sets, run_dir)  # before importing torch: a bad config fails in a second
     from .train import train as run_training
 
-    words = ["tcli", "train", "--config", str(config), *[w for s in sets or [] for w in ("--set", s)]]
+    launcher = ["tcli"]
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # resume the way it was started
+        launcher = ["torchrun", "--nproc_per_node", os.environ.get("LOCAL_WORLD_SIZE", "N"), "-m", "transformer_cli"]
+    words = [*launcher, "train", "--config", str(config), *[w for s in sets or [] for w in ("--set", s)]]
     words += ["--run-dir", cfg.run_dir, "--resume"]
     summary = run_training(cfg, resume=resume, overwrite=overwrite, quiet=quiet,
                            resume_command=" ".join(map(shlex.quote, words)))
