@@ -106,7 +106,8 @@ def test_random_text_through_tcli_translate(run_dir, lines):
 # ----------------------------------------------------------------------------- configs
 
 REAL_KEYS = {name: [f.name for f in dataclasses.fields(cls)] for name, cls in SECTIONS.items()}
-FIELD_TYPES = {f"{name}.{f.name}": f.type for name, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+FIELD_TYPES = {f"{name}.{f.name}": getattr(f.type, "__name__", f.type)  # "int", "float", ...
+               for name, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
 SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(-10**6, 10**6), st.integers(), st.floats(allow_nan=True),
     st.text(max_size=12), st.sampled_from(["relu", "bpe", "bf16", "cosine", "bleu", "test", "1e-3", "auto"]),

@@ -36,6 +36,7 @@ from .conftest import ROOT
 SMOKE = "configs/smoke.yaml"
 TEST_LINES = 12
 BLANK_SRC_LINES = (3, 8)  # 1-based test lines whose source is empty (line 8: the target too)
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # tiny ops: more threads only wait
 BASE_SETS = {
     "data.path": "{tiny}", "data.download": "false", "tokenizer.vocab_size": 400,
     "train.max_tokens": 1024, "train.max_steps": 30, "train.valid_every": 15, "train.log_every": 5,
@@ -67,7 +68,7 @@ def tiny(tmp_path_factory, multi30k) -> Path:
                 lines = [next(f).rstrip("\n") for _ in range(count)]
             if split.startswith("test"):
                 for n in BLANK_SRC_LINES:
-                    if lang == "de" or n == 8:
+                    if lang == "de" or n == BLANK_SRC_LINES[1]:
                         lines[n - 1] = ""
             (folder / f"{split}.{lang}").write_text("".join(x + "\n" for x in lines), encoding="utf-8")
     return folder
@@ -85,9 +86,6 @@ def trained(tmp_path_factory, tiny) -> Path:
     return run
 
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # tiny ops: threads only wait
-
-
 # ----------------------------------------------------------------------------- the rows
 
 
@@ -100,7 +98,8 @@ class Ctx:
     tiny: Path
 
     def fmt(self, text: str) -> str:
-        return text.format(tmp=self.tmp, run=self.run, tiny=self.tiny, vocab=self.vocab)
+        vocab = self.vocab if "{vocab}" in text else None
+        return text.format(tmp=self.tmp, run=self.run, tiny=self.tiny, vocab=vocab)
 
     @property
     def vocab(self) -> int:
@@ -577,6 +576,25 @@ def outcomes(request, tmp_path_factory, trained, tiny):
                for c in CASES if c.id in selected}
     yield futures
     pool.shutdown(wait=True, cancel_futures=True)
+
+
+def test_crafted_files_do_run_code_when_loaded_unsafely(tmp_path):
+    """The marker checks mean something: an unsafe loader would create the marker from these payloads."""
+    import torch
+    import yaml
+
+    ctx = Ctx(tmp_path, tmp_path, tmp_path)
+    pickle.loads(pickle.dumps(Payload(tmp_path / "MARKER")))
+    assert (tmp_path / "MARKER").exists()
+    (tmp_path / "MARKER").unlink()
+    python_tag_yaml(ctx)
+    yaml.unsafe_load((tmp_path / "evil.yaml").read_text())
+    assert (tmp_path / "MARKER").exists()
+    (tmp_path / "MARKER").unlink()
+    (tmp_path / "checkpoints/last").mkdir(parents=True)
+    pickle_state(ctx)
+    torch.load(tmp_path / "checkpoints/last/trainer_state.pt", weights_only=False)
+    assert (tmp_path / "MARKER").exists()
 
 
 def test_table_is_large_and_ids_unique():
