@@ -259,7 +259,6 @@ def eval_cmd(
     import json
 
     from .metrics import format_table, score_files
-    from .translator import evaluate_run
 
     if (hyp is None) != (ref is None):
         raise ConfigError("--hyp and --ref go together; give both files, or neither to decode a split")
@@ -270,6 +269,8 @@ def eval_cmd(
     else:
         if split is not None and split not in ("test", "valid"):
             raise ConfigError(f"--split must be test or valid, got '{split}'")
+        from .translator import evaluate_run  # imports torch: not needed to score two files
+
         decode = dict(beam=beam, alpha=alpha, max_tokens=max_tokens, precision=precision, threads=threads)
         scores = evaluate_run(run_dir, split or _eval_split(run_dir), checkpoint, device, decode, quiet)
     typer.echo(json.dumps(scores, indent=2) if as_json else format_table(scores))
