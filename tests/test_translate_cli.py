@@ -130,6 +130,8 @@ def test_user_errors_exit_2(smoke_run, tmp_path, capsys, monkeypatch):  # noqa: 
         (["--run-dir", smoke_run, "--beam", 2, "--nbest", 3], "--nbest"),
         (["--run-dir", smoke_run, "--beam", 0], "decode.beam"),
         (["--run-dir", smoke_run, "-i", tmp_path / "missing.txt"], "missing.txt"),
+        (["--run-dir", smoke_run, "--set", "train.lr=3"], "decode.*"),
+        (["--run-dir", smoke_run, "--set", "decode.top_p=abc"], "decode.top_p"),
     ]
     for args, word in cases:  # in-process through cli.main: the same error path, no interpreter start
         with pytest.raises(SystemExit) as exit_info:
@@ -145,3 +147,18 @@ def test_python_api_from_run_dir(smoke_run, one_thread):  # noqa: F811
     out = t.translate(["Ein Hund läuft.", ""])
     assert out[0] and out[1] == ""
     assert run_tcli("translate", "--help").returncode == 0
+
+
+def test_seeded_sampling_through_the_cli(smoke_run, one_thread, tmp_path, capsys):  # noqa: F811
+    src = tmp_path / "in.de"
+    src.write_text("Ein Mann fährt Fahrrad.\nZwei Hunde spielen im Schnee.\n", encoding="utf-8")
+    outs = []
+    for seed in (1, 1, 2):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["translate", "--run-dir", str(smoke_run), "-i", str(src), "--sampling", "--quiet",
+                  "--set", "decode.temperature=2.0", "--set", f"decode.seed={seed}"])
+        assert exit_info.value.code in (0, None)
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] != outs[2]
+    assert len(outs[0].split("\n")) == 3
+

@@ -206,16 +206,17 @@ def translate(
     precision: Optional[str] = PrecisionOpt,
     threads: Optional[int] = ThreadsOpt,
     buffer_size: Optional[int] = typer.Option(None, "--buffer-size", help="Lines read before translating them (default: 1 on a terminal, else 1000)."),
+    sets: Optional[List[str]] = typer.Option(None, "--set", help="Override a decode key: --set decode.temperature=0.7 (repeatable)."),
     quiet: bool = QuietOpt,
 ) -> None:
     """Translate text line by line (stdin or -i) to stdout or -o, in input order; empty lines stay empty."""
     from .io_utils import atomic_path
-    from .translator import Translator, translate_stream_to
+    from .translator import Translator, decode_overrides, translate_stream_to
 
     if buffer_size is not None and buffer_size < 1:
         raise ConfigError(f"--buffer-size must be >= 1, got {buffer_size}")
-    decode = dict(beam=beam, alpha=alpha, max_tokens=max_tokens, nbest=nbest, sampling=sampling, precision=precision,
-                  threads=threads)
+    decode = {**decode_overrides(sets), **dict(beam=beam, alpha=alpha, max_tokens=max_tokens, nbest=nbest,
+                                                 sampling=sampling, precision=precision, threads=threads)}
     translator = Translator.from_run_dir(run_dir, checkpoint, device=device, decode=decode)
     nbest = translator.decode_cfg.nbest
     if nbest > translator.decode_cfg.beam:

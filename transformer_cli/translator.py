@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from .config import Config, DecodeConfig, load_config, validate
+from .config import Config, DecodeConfig, from_dict, read_yaml
 from .errors import ConfigError, DataError
 from .search import EOS_ID, Hypothesis, decode_nbest
 
@@ -49,11 +49,12 @@ class Translator:
         cfg_path = run_dir / "config.yaml"
         if not cfg_path.is_file():
             raise DataError(f"{cfg_path}: no config.yaml in the run directory; train a model there first")
-        cfg = load_config(cfg_path)
-        for key, value in (decode or {}).items():
-            if value is not None:
-                setattr(cfg.decode, key, value)
-        validate(cfg, "options")  # e.g. --beam 0 names decode.beam
+        raw = read_yaml(cfg_path) or {}
+        overrides = {k: v for k, v in (decode or {}).items() if v is not None}
+        if overrides and isinstance(raw, dict):
+            raw = {**raw, "decode": {**(raw.get("decode") or {}), **overrides}}
+        # from_dict checks types and ranges: --beam 0 fails naming decode.beam
+        cfg = from_dict(raw, f"{cfg_path} (with options)" if overrides else str(cfg_path))
         if cfg.decode.threads:
             torch.set_num_threads(cfg.decode.threads)  # process-wide, as train.threads does
         checkpoint = checkpoint or cfg.decode.checkpoint
@@ -250,3 +251,14 @@ def draw_attention(translator: Translator, text: str, out: str | Path, layer: st
     title = "encoder self-attention" if encoder else f"cross-attention: {info['translation']}"
     path = plot_attention(weights, info["src_pieces"], rows, out, layers, per_head, title)
     return path, info["translation"]
+
+
+def decode_overrides(sets: Sequence[str] | None) -> dict:
+    """`--set decode.KEY=VALUE` options as a {KEY: value} dict; other sections are a ConfigError."""
+    from .config import parse_overrides
+
+    nested = parse_overrides(list(sets or []))
+    other = [name for name in nested if name != "decode"]
+    if other:
+        raise ConfigError(f"--set: only decode.* keys apply here, got a key of section '{other[0]}'")
+    return {k: v for k, v in nested.get("decode", {}).items() if v is not None}
