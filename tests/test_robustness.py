@@ -296,7 +296,8 @@ def no_run_dir(ctx, out):
 
 
 def translated_in_order(ctx, out):
-    assert out.stderr.startswith("warning: line 2: ") and out.stderr.count("warning:") == 1, out.stderr
+    warnings = [line for line in out.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: line 2: "), out.stderr
     inputs = (ctx.tmp / "in.txt").read_text(encoding="utf-8").split("\n")[:-1]
     got = lines(out.stdout)
     assert len(got) == len(inputs)
@@ -333,14 +334,14 @@ def checkpoint_saved_on_sigterm(ctx, out):
     assert ck.load_state(folder)["progress"]["step"] == summary["step"] >= 1
 
 
-def last_checkpoint_loads(ctx, out):
+def last_checkpoint_loads(ctx, out, during_write: bool = True):
     """After a kill in the middle of a checkpoint write, `last` is whole: weights, state and info of one step."""
     from safetensors import safe_open
 
     from transformer_cli import checkpoint as ck
 
     hidden = [p.name for p in (ctx.run / "checkpoints").iterdir() if p.name.startswith(".last.")]
-    assert hidden, "the kill did not land inside a checkpoint write"
+    assert hidden or not during_write, "the kill did not land inside a checkpoint write"
     weights = ck.resolve_checkpoint(ctx.run, "last")
     folder = ck.resumable(ctx.run)
     assert folder == weights.parent
@@ -442,7 +443,8 @@ CASES = [
     Case("sigkill-during-checkpoint-write", EVERY_STEP, -signal.SIGKILL, "",
          run="prepared", writes=("run/",), interrupt=(killed_during_write, signal.SIGKILL), check=last_checkpoint_loads),
     Case("sigkill-during-checkpoint-switch", EVERY_STEP, -signal.SIGKILL, "",
-         run="prepared", writes=("run/",), interrupt=(switching_folders, signal.SIGKILL), check=last_checkpoint_loads),
+         run="prepared", writes=("run/",), interrupt=(switching_folders, signal.SIGKILL),
+         check=lambda c, o: last_checkpoint_loads(c, o, during_write=False)),  # the switch may end before the kill
     Case("disk-full-while-saving", ("average", "--run-dir", "{run}", "--last", "2"), 1,
          "model.safetensors: File too large; the previous file is unchanged", earlier_average, run="copy",
          limit_file_size=64 * 1024),
