@@ -185,23 +185,27 @@ def last_json(path: Path) -> dict | None:
     return None
 
 
-DECODE_LINE = re.compile(r"^beam (\d+) (cache|no cache)\s*:\s*([\d.]+) sent/s\s+([\d.]+) tok/s")
+DECODE_LINE = re.compile(r"^beam (\d+) (.+?)\s*:\s*([\d.]+) sent/s\s+([\d.]+) tok/s")
 
 
 def decode_rows(path: Path) -> dict | None:
-    """scripts/bench_decode.py prints no JSON: read its 'beam B cache: S sent/s T tok/s' lines."""
+    """scripts/bench_decode.py prints no JSON: read its 'beam B LABEL: S sent/s T tok/s' lines and keep
+    its Markdown tables as printed."""
     if not path.is_file():
         return None
+    text = path.read_text(encoding="utf-8")
     rows = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in text.splitlines():
         match = DECODE_LINE.match(line.strip())
         if match:
-            beam, cache, sent, tok = match.groups()
-            rows[f"beam{beam}_{cache.replace(' ', '_')}"] = {"sentences_per_s": float(sent), "tgt_tokens_per_s": float(tok)}
+            beam, label, sent, tok = match.groups()
+            rows[f"beam{beam} {label}"] = {"sentences_per_s": float(sent), "tgt_tokens_per_s": float(tok)}
     if not rows:
-        sys.exit(f"benchmark: {path} holds no 'beam B cache: ... sent/s' line; did scripts/bench_decode.py change its output?")
-    model = next((x for x in path.read_text(encoding="utf-8").splitlines() if x.startswith("model: ")), "")
-    return {"model": model.removeprefix("model: "), **rows}
+        sys.exit(f"benchmark: {path} holds no 'beam B ...: S sent/s' line; did scripts/bench_decode.py change its output?")
+    model = next((x for x in text.splitlines() if x.startswith("model: ")), "")
+    first_table = next((i for i, x in enumerate(text.splitlines()) if x.startswith("|")), None)
+    tables = "\n".join(text.splitlines()[first_table - 1:]).strip() if first_table else ""
+    return {"model": model.removeprefix("model: "), "rows": rows, "markdown": tables}
 
 
 def speed(out: Path, train_log: Path | None, train_cmd: str, decode_log: Path | None, decode_cmd: str) -> dict:
@@ -263,15 +267,14 @@ def speed_tables(speed_data: dict) -> list[str]:
                          f"{fmt(v.get('peak_rss_mb'))} |")
     decode = speed_data.get("decode")
     if decode:
-        res = dict(decode["results"])
+        res = decode["results"]
         lines += ["", "### Decoding speed (test_2016_flickr sources, CPU, fp32)", "",
-                  f"`{decode['command']}` on {speed_data['hardware']}; {res.pop('model', '')}", "",
-                  "| search | KV cache | sentences/s | target tokens/s |", "|---|---|---|---|"]
-        for name, v in res.items():
-            beam, cache = name.split("_", 1)
-            search = "greedy" if beam == "beam1" else f"beam {beam[4:]}"
-            lines.append(f"| {search} | {'yes' if cache == 'cache' else 'no'} | {v['sentences_per_s']:.1f} | "
-                         f"{v['tgt_tokens_per_s']:.0f} |")
+                  f"`{decode['command']}` on {speed_data['hardware']}; {res['model']}", ""]
+        if res.get("markdown"):
+            lines.append(res["markdown"])  # the script's own tables, as printed
+        else:
+            lines += ["| run | sentences/s | target tokens/s |", "|---|---|---|"]
+            lines += [f"| {name} | {v['sentences_per_s']:.1f} | {v['tgt_tokens_per_s']:.0f} |" for name, v in res["rows"].items()]
     return lines
 
 
