@@ -204,7 +204,7 @@ def decode_rows(path: Path) -> dict | None:
         sys.exit(f"benchmark: {path} holds no 'beam B ...: S sent/s' line; did scripts/bench_decode.py change its output?")
     model = next((x for x in text.splitlines() if x.startswith("model: ")), "")
     first_table = next((i for i, x in enumerate(text.splitlines()) if x.startswith("|")), None)
-    tables = "\n".join(text.splitlines()[first_table - 1:]).strip() if first_table else ""
+    tables = "\n".join(text.splitlines()[first_table:]).strip() if first_table is not None else ""
     return {"model": model.removeprefix("model: "), "rows": rows, "markdown": tables}
 
 

@@ -165,3 +165,20 @@ def test_report_keeps_earlier_runs_and_replaces_redone_ones(pipeline, tmp_path):
     benchmark.report([pipeline["run"]], results, doc, None, [])  # redone: its old rows are replaced
     assert json.loads(results.read_text()) == moved + real
     assert doc.read_text().count("| en-de | best |") == 2  # quality and per-run tables
+
+
+def test_decode_rows_reads_bench_decode_lines_and_tables(tmp_path):
+    """bench_decode.py prints no JSON: its 'beam B LABEL: S sent/s T tok/s' lines and tables are read."""
+    log = tmp_path / "decode.log"
+    log.write_text("model: 2+2 layers, d_model 64\n"
+                   "beam 1 all         :     1.8 sent/s       72 tok/s  (5.43 s wall)\n"
+                   "beam 5 sub-nocache :     0.4 sent/s       15 tok/s  (4.90 s wall)\n\n"
+                   "| search | sentences/s |\n|---|---|\n| greedy | 1.8 |\n")
+    rows = benchmark.decode_rows(log)
+    assert rows["model"] == "2+2 layers, d_model 64"
+    assert rows["rows"] == {"beam1 all": {"sentences_per_s": 1.8, "tgt_tokens_per_s": 72.0},
+                            "beam5 sub-nocache": {"sentences_per_s": 0.4, "tgt_tokens_per_s": 15.0}}
+    assert rows["markdown"] == "| search | sentences/s |\n|---|---|\n| greedy | 1.8 |"
+    log.write_text("model: x\nsomething else\n")
+    with pytest.raises(SystemExit, match="bench_decode.py change its output"):
+        benchmark.decode_rows(log)
