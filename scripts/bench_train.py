@@ -3,12 +3,15 @@
 Both train the Multi30k de-en main config (3+3 layers, d_model 256, 4 heads, FFN 1024, joint
 sentencepiece 8k, tied embeddings, pre-LN, dropout 0.3) on the SAME length-bucketed 4096-token
 batches of `batching.token_batches`, in fp32 and bf16 autocast. The four variants run interleaved
-in rounds (so load from other processes hits them alike); each step's target tokens / seconds is
-one sample, the medians are reported with their ratios. After the rounds every variant has made
+in rounds (so load from other processes hits them alike; by default one step per variant per
+round: the four variants run the same batch back to back). Each step's target tokens / seconds
+is one sample; reported: the medians, their ratio, and the median of the per-batch ratios
+(tcli / reference on the same batch, a few seconds apart: the figure least hurt by other jobs
+on a shared machine). After the rounds every variant has made
 the same updates on the same batches, so the validation losses compare numerics (bf16 vs fp32).
 Peak resident memory is measured in a fresh child process per variant (ru_maxrss is per process).
 
-    python scripts/bench_train.py --steps 40 --rounds 4
+    python scripts/bench_train.py --steps 30
 """
 
 from __future__ import annotations
@@ -182,7 +185,7 @@ def peak_rss_mb() -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=40, help="timed steps per variant (after 2 warm-up steps)")
-    ap.add_argument("--rounds", type=int, default=4, help="interleaving rounds the steps are split into")
+    ap.add_argument("--rounds", type=int, default=0, help="interleaving rounds the steps are split into (0 = one per step)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=100, help="lr warmup steps (short, so the losses move)")
     ap.add_argument("--variants", default=",".join(VARIANTS))
@@ -205,7 +208,7 @@ def main() -> None:
     plan = batches[: warm + args.steps]
     collated = [collate(train, idx) for idx in plan]
     samples: dict[str, list[float]] = {v: [] for v in variants}
-    per_round = math.ceil(args.steps / args.rounds)
+    per_round = math.ceil(args.steps / (args.rounds or args.steps))
     chunks = [list(range(warm))] + [list(range(s, min(s + per_round, len(plan)))) for s in range(warm, len(plan), per_round)]
     for r, chunk in enumerate(chunks):
         for v in variants:
@@ -230,12 +233,16 @@ def main() -> None:
     real = sum(b.num_tgt_tokens for b in collated[warm:]) / len(collated[warm:])
     print(f"{len(plan) - warm} timed steps per variant, mean {real:,.0f} real target tokens per batch, "
           f"{args.threads} threads, torch {torch.__version__}")
-    print(f"{'variant':<10} {'tgt tok/s':>10} {'vs ref':>7} {'valid loss':>10} {'peak RSS MB':>11}")
+    print(f"{'variant':<10} {'tgt tok/s':>10} {'vs ref':>7} {'paired':>7} {'valid loss':>10} {'peak RSS MB':>11}")
     for v in variants:
-        ref = results.get("ref-" + v.split("-")[1])
-        ratio = results[v]["tgt_tok_per_s_median"] / ref["tgt_tok_per_s_median"] if ref else float("nan")
-        print(f"{v:<10} {results[v]['tgt_tok_per_s_median']:>10,} {ratio:>6.2f}x {results[v]['valid_loss']:>10.4f} "
-              f"{results[v].get('peak_rss_mb', float('nan')):>11}")
+        ref_name = "ref-" + v.split("-")[1]
+        ratio = paired = float("nan")
+        if ref_name in results:
+            ratio = results[v]["tgt_tok_per_s_median"] / results[ref_name]["tgt_tok_per_s_median"]
+            paired = statistics.median(a / b for a, b in zip(samples[v], samples[ref_name]))
+            results[v]["ratio_of_medians"], results[v]["median_paired_ratio"] = round(ratio, 3), round(paired, 3)
+        print(f"{v:<10} {results[v]['tgt_tok_per_s_median']:>10,} {ratio:>6.2f}x {paired:>6.2f}x "
+              f"{results[v]['valid_loss']:>10.4f} {results[v].get('peak_rss_mb', float('nan')):>11}")
     if "tcli-fp32" in results and "tcli-bf16" in results:
         a, b = results["tcli-fp32"]["valid_loss"], results["tcli-bf16"]["valid_loss"]
         print(f"bf16 vs fp32 valid loss: {100 * (b - a) / a:+.2f}%")
