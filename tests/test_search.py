@@ -14,7 +14,14 @@ from transformer_cli.config import DecodeConfig, ModelConfig
 from transformer_cli.model import Seq2SeqTransformer
 from transformer_cli.search import EOS_ID, Hypothesis, beam_search, greedy_search, length_penalty, pad_sources
 
+from .fixtures_model import one_thread  # noqa: F401  (1 thread: tiny ops on a shared CPU only wait with more)
+
 A, B_ = 4, 5  # the toy's two word tokens (ids 0-3 are the specials)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread(one_thread):  # noqa: F811
+    yield
 V = 6
 
 
@@ -216,6 +223,20 @@ def test_batch_invariance_bitwise(tiny_model, sources, beam):
     assert [as_tuples(h) for h in alone] == [as_tuples(h) for h in big[:10]]
     assert [as_tuples(h) for h in unshuffled] == [as_tuples(h) for h in big]
     assert len({len(h[0].tokens) for h in big}) > 3  # varied output lengths: compaction happened
+
+
+def test_batch_invariance_with_two_threads(tiny_model, sources):
+    """With 2 threads SDPA's single-query kernel depends on the batch size; search must not use it."""
+    few = [s for s in sources if 6 <= len(s) <= 16][:8]  # (slow on a busy CPU: few, short sentences)
+    torch.set_num_threads(2)
+    try:
+        big = search.decode_nbest(tiny_model, few, _cfg(), "cpu", beam=3, nbest=3)
+        alone = [search.decode_nbest(tiny_model, [few[i]], _cfg(), "cpu", beam=3, nbest=3)[0] for i in (0, 5)]
+    finally:
+        torch.set_num_threads(1)
+    assert len(few) == 8
+    for i, hyps in zip((0, 5), alone):
+        assert [(h.tokens, h.score) for h in hyps] == [(h.tokens, h.score) for h in big[i]]
 
 
 def test_sampling_is_seeded_batch_invariant_and_top_k_1_is_greedy(tiny_model, sources):
