@@ -17,6 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from transformer_cli.errors import ConfigError, DataError
+
 from .conftest import ROOT, run_tcli
 
 VOCAB = 500
@@ -141,16 +143,32 @@ def test_sigterm_saves_checkpoint_and_exits_143(baseline, tiny_data, tmp_path):
     assert bitwise_equal(final_weights(run_dir), final_weights(baseline))
 
 
+def in_process(run_dir: Path, data: Path, *sets: str, **kw):
+    """Call train.train directly (no interpreter start-up) with the tiny settings plus `sets`."""
+    from transformer_cli.config import load_config
+    from transformer_cli.train import train
+
+    words = tiny_settings(data) + [w for x in sets for w in ("--set", x)]
+    cfg = load_config(ROOT / "configs" / "smoke.yaml", words[1::2])
+    threads = torch.get_num_threads()
+    try:
+        return train(cfg, run_dir, quiet=True, **kw)
+    finally:
+        torch.set_num_threads(threads)  # train.threads must not leak into later tests
+
+
 def test_refusals(baseline, tiny_data, tmp_path):
-    other = run_tcli(*train_args(baseline, tiny_data, "--set", "model.d_model=32"))
+    other = run_tcli(*train_args(baseline, tiny_data, "--set", "model.d_model=32"))  # through the CLI: exit 2
     assert other.returncode == 2 and "different config (model.d_model: 64 -> 32)" in other.stderr
-    again = run_tcli(*train_args(baseline, tiny_data))
-    assert again.returncode == 2 and "--overwrite" in again.stderr
+    with pytest.raises(ConfigError, match="already holds a training run; pass --resume"):
+        in_process(baseline, tiny_data)
     empty = prepared_copy(baseline, tmp_path / "empty")
-    nothing = run_tcli(*train_args(empty, tiny_data, "--resume"))
-    assert nothing.returncode == 2 and "holds no complete checkpoint" in nothing.stderr
-    fp16 = run_tcli(*train_args(empty, tiny_data, "--set", "train.precision=fp16", "--set", "train.device=cpu"))
-    assert fp16.returncode == 2 and "fp16" in fp16.stderr and "CUDA" in fp16.stderr
+    with pytest.raises(DataError, match="holds no complete checkpoint"):
+        in_process(empty, tiny_data, resume=True)
+    with pytest.raises(ConfigError, match="fp16, which needs a CUDA device"):
+        in_process(empty, tiny_data, "train.precision=fp16", "train.device=cpu")
+    with pytest.raises(ConfigError, match="set at least one of train.max_steps"):
+        in_process(empty, tiny_data, "train.max_steps=0")
 
 
 def test_divergence_stops_without_writing_nan(baseline, tiny_data, tmp_path):
