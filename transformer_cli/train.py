@@ -565,8 +565,13 @@ class Trainer:
         window_tokens, window_start = 0, time.perf_counter()
         self.model.train()
         while True:
+            # a resumed run may already be done (e.g. --resume after it finished)
             if t.max_epochs and p.epoch > t.max_epochs:
-                return "max_epochs"
+                return self._finish("max_epochs")
+            if t.max_steps and p.step >= t.max_steps:
+                return self._finish("max_steps")
+            if t.patience and p.bad_validations >= t.patience:
+                return "patience"
             batches = self.epoch_batches(p.epoch)
             if self.bar is not None:
                 self.bar.set_description(f"epoch {p.epoch}")
