@@ -438,12 +438,10 @@ class Trainer:
         return total.item() / max(int(tgt_lens.sum()), 1)
 
     def valid_scores(self) -> dict:
-        """BLEU/chrF of the decoded validation set (empty when search.decode_ids is not available)."""
-        try:
-            from .metrics import corpus_scores
-            from .search import decode_ids
-        except ImportError:
-            return {}
+        """BLEU/chrF of the decoded validation set."""
+        from .metrics import corpus_scores
+        from .search import decode_ids
+
         srcs = [ids.tolist() for ids in self.valid_split.src]
         # decode in the training precision, best hypothesis only, never sampled
         dcfg = dataclasses.replace(self.cfg.decode, precision=self.t.precision, sampling=False, nbest=1)
@@ -465,11 +463,11 @@ class Trainer:
         return result
 
     def score(self, result: dict) -> float:
-        """The model-selection score (falls back to loss when no BLEU/chrF could be computed)."""
-        return result.get(f"valid_{self.t.valid_metric}", result["valid_loss"])
+        """The model-selection score: valid_bleu, valid_chrf or valid_loss."""
+        return result[f"valid_{self.t.valid_metric}"]
 
     def metric(self) -> str:
-        return self.t.valid_metric if self.t.valid_metric == "loss" or _HAS_SEARCH() else "loss"
+        return self.t.valid_metric
 
     # -- checkpoints and logs
 
@@ -706,14 +704,6 @@ class Trainer:
             self.log(f"{name}: saved {ck.checkpoints_dir(self.run_dir) / 'last'} at step {p.step}; "
                      f"resume with: {self.resume_command}")
         return out
-
-
-def _HAS_SEARCH() -> bool:
-    try:
-        from .search import decode_ids  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _tensorboard(run_dir: Path):
