@@ -232,3 +232,22 @@ def test_pre_norm_has_final_layer_norms_and_training_step_works():
     grads = [p.grad for p in pre.parameters()]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
     assert dataclasses.asdict(pre.cfg)["norm"] == "pre"
+
+
+def test_bf16_training_route_is_causal_and_matches_sdpa():
+    """CPU bf16 training takes the explicit attention path: still causal, same numbers as SDPA."""
+    torch.manual_seed(0)
+    cfg = Config()
+    cfg.model.dropout = 0.0
+    model = build_model(cfg, 300, 300).train()
+    src = torch.randint(4, 300, (4, 11))
+    src[0, 7:] = 0  # padding in one source
+    tgt = torch.randint(4, 300, (4, 9))
+    changed = tgt.clone()
+    changed[:, 5:] = (changed[:, 5:] + 1) % 296 + 4
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a, b = model(src, tgt), model(src, changed)
+        with torch.no_grad():  # no grad: the SDPA route
+            ref = model(src, tgt)
+    assert torch.equal(a[:, :5], b[:, :5]) and not torch.equal(a[:, 5:], b[:, 5:])
+    torch.testing.assert_close(a.float(), ref.float(), atol=0.05, rtol=0.02)

@@ -238,9 +238,13 @@ class MultiHeadAttention(nn.Module):
         """Per-head attention on (B, H, T, D) tensors; returns (output (B, H, Tq, D), weights or None)."""
         Tq, Tk = q.shape[2], k.shape[2]
         dropout_p = self.dropout if self.training else 0.0
+        # CPU bf16 training: SDPA's CPU backward is slower than two bf16 matmuls at translation
+        # lengths (scripts/bench_bf16_attention_path.py: 0.83x of the step time), so take the
+        # explicit path there too; it gives the same numbers.
+        explicit = need_weights or (q.dtype == torch.bfloat16 and q.device.type == "cpu" and q.requires_grad)
         is_causal = False
         if causal and Tq > 1:
-            if mask is None and Tq == Tk and not need_weights:
+            if mask is None and Tq == Tk and not explicit:
                 is_causal = True  # SDPA's own causal kernel: no mask tensor at all
             else:
                 cm = causal_mask(Tq, q.device, offset=Tk - Tq)  # (Tq, Tk)
@@ -257,7 +261,7 @@ class MultiHeadAttention(nn.Module):
             if q.device.type != "cpu" or torch.compiler.is_compiling() or not bool(has_key.all()):
                 empty_rows = ~has_key
 
-        if need_weights:  # explicit path: the same numbers, plus the weights for plots
+        if explicit:  # explicit path: the same numbers, plus the weights for plots
             scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)  # (B, H, Tq, Tk)
             if mask is not None:
                 # in place on our own scores; exp(finfo.min - max) is exactly 0 in every dtype, so
@@ -267,7 +271,7 @@ class MultiHeadAttention(nn.Module):
             if empty_rows is not None:
                 weights = weights.masked_fill(empty_rows, 0.0)  # those rows came out uniform
             out = (F.dropout(weights, dropout_p) if dropout_p > 0 else weights) @ v  # (B, H, Tq, D)
-            return out, weights
+            return out, (weights if need_weights else None)
 
         if empty_rows is not None:
             # SDPA may return NaN for such rows (backend dependent): let them attend everywhere,
