@@ -15,8 +15,7 @@ from torch import nn
 
 from .attention import KVCache, MultiHeadAttention
 from .config import Config, ModelConfig
-
-PAD_ID = 0  # tokenizer.py's fixed pad id
+from .tokenizer import PAD_ID
 
 
 class SinusoidalPositions(nn.Module):

@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from .config import DecodeConfig
+from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 
-PAD_ID, BOS_ID, EOS_ID = 0, 2, 3  # tokenizer.py's fixed special ids
 SRC_BUCKET = 8  # sources are padded to a multiple of this many tokens
 MIN_ROWS = 16  # fewest rows per model call (see the module docstring)
 NEG_INF = float("-inf")

@@ -15,7 +15,8 @@ import torch
 
 from .config import Config, DecodeConfig, from_dict, read_yaml
 from .errors import ConfigError, DataError
-from .search import EOS_ID, Hypothesis, decode_nbest
+from .search import Hypothesis, decode_nbest
+from .tokenizer import EOS_ID
 
 
 def _stderr(message: str) -> None:
