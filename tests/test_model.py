@@ -9,7 +9,7 @@ import torch
 
 from transformer_cli.attention import causal_mask, sequence_mask
 from transformer_cli.config import Config, ModelConfig
-from transformer_cli.model import DecoderLayer, EncoderLayer, SinusoidalPositions, build_model
+from transformer_cli.model import DecoderLayer, Dropout, EncoderLayer, SinusoidalPositions, build_model
 
 D, H, FF = 16, 4, 32
 
@@ -251,3 +251,35 @@ def test_bf16_training_route_is_causal_and_matches_sdpa():
             ref = model(src, tgt)
     assert torch.equal(a[:, :5], b[:, :5]) and not torch.equal(a[:, 5:], b[:, 5:])
     torch.testing.assert_close(a.float(), ref.float(), atol=0.05, rtol=0.02)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dropout_rate_expectation_and_gradient(dtype):
+    """The bit-sliced CPU dropout drops ~p, keeps E[x], scales kept values by 1/keep, and backprops the same mask."""
+    p = 0.3
+    drop = Dropout(p).train()
+    x = torch.ones(200_000, dtype=dtype, requires_grad=True)
+    torch.manual_seed(0)
+    y = drop(x)
+    dropped = (y == 0).float().mean().item()
+    assert abs(dropped - p) < 0.005  # 200k Bernoulli(0.3) draws: std 0.001
+    scale = 65536 / (65536 - round(p * 65536))
+    kept = y[y != 0].float()
+    assert torch.equal(kept, torch.full_like(kept, float(torch.tensor(scale, dtype=dtype))))
+    assert abs(y.float().mean().item() - 1.0) < 0.01
+    y.backward(torch.full_like(y, 2.0))
+    assert torch.equal(x.grad == 0, y == 0)  # the same mask
+    torch.manual_seed(0)
+    assert torch.equal(drop(x.detach()), y.detach())  # seeded: reproducible
+    assert torch.equal(drop.eval()(x), x)
+    assert torch.equal(Dropout(0.0).train()(x), x)
+
+
+def test_dropout_masks_are_independent_across_lanes():
+    """Each int64 draw feeds four elements: neighbours must still be dropped independently."""
+    torch.manual_seed(1)
+    y = Dropout(0.5).train()(torch.ones(400_000)).view(-1, 4) == 0  # (N, 4) per-draw lanes
+    for lane in range(4):
+        assert abs(y[:, lane].float().mean().item() - 0.5) < 0.01
+    both = (y[:, 0] & y[:, 1]).float().mean().item()
+    assert abs(both - 0.25) < 0.01  # independent lanes: P(both dropped) = 0.25

@@ -48,6 +48,36 @@ class SinusoidalPositions(nn.Module):
         return table[offset : offset + length]
 
 
+class Dropout(nn.Module):
+    """Inverted dropout, x * mask / keep; on CPU the mask comes from 16 random bits per element.
+
+    Why: CPU `bernoulli_` draws one float per element serially and was ~21 % of a bf16 training
+    step; slicing int64 draws into four int16 lanes is ~4x cheaper for the whole dropout
+    (scripts/bench_dropout.py). The drop probability is rounded to a multiple of 2**-16 and
+    `keep` is that rounded value's complement, so E[output] = x exactly. Uses torch's global
+    generator, so seeding and exact resume work as with nn.Dropout. CUDA keeps F.dropout (fused).
+    """
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        drop = round(self.p * 65536)  # P(drop) = drop / 2**16
+        if x.device.type != "cpu" or not 0 < drop < 65536:
+            return F.dropout(x, self.p, True)
+        n = x.numel()
+        draws = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64)  # (ceil(n/4),)
+        bits = draws.view(torch.int16)[:n].view(x.shape)  # uniform over int16, one per element
+        keep_mask = bits >= drop - 32768
+        return x * keep_mask * (65536 / (65536 - drop))
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
 def _add_sublayers(block: nn.Module, cfg: ModelConfig, num_norms: int) -> None:
     """Give a block what encoder and decoder blocks share: self-attention, FFN, norms, dropout."""
     block.norm_first = cfg.norm == "pre"
@@ -57,7 +87,7 @@ def _add_sublayers(block: nn.Module, cfg: ModelConfig, num_norms: int) -> None:
     block.activation = F.gelu if cfg.activation == "gelu" else F.relu
     for i in range(1, num_norms + 1):
         setattr(block, f"norm{i}", nn.LayerNorm(cfg.d_model))
-    block.dropout = nn.Dropout(cfg.dropout)
+    block.dropout = Dropout(cfg.dropout)
 
 
 def _ffn(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -133,7 +163,7 @@ class Seq2SeqTransformer(nn.Module):
         self.output = nn.Linear(cfg.d_model, tgt_vocab_size, bias=False)
         self.positions = SinusoidalPositions(cfg.d_model)
         self.embed_scale = math.sqrt(cfg.d_model)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.encoder = nn.ModuleList([EncoderLayer(cfg) for _ in range(cfg.encoder_layers)])
         self.decoder = nn.ModuleList([DecoderLayer(cfg) for _ in range(cfg.decoder_layers)])
         # Pre-LN leaves the residual stream un-normalised: one LayerNorm closes each stack.
