@@ -5,7 +5,7 @@
     python scripts/benchmark.py record --run-dir R --config C --mode full # R/bench/result.json
     python scripts/benchmark.py sample-source RUN_DIR                     # a test sentence to draw
     python scripts/benchmark.py speed --out OUT.json --train-log F [--decode-log F]
-    python scripts/benchmark.py report --results docs/results.json --doc docs/benchmarks.md R1 R2 ...
+    python scripts/benchmark.py report --results docs/results.json --doc docs/benchmarks.md [--readme README.md] R1 R2 ...
 
 Every figure in the report is read from files the pipeline wrote (tcli eval --json, metrics.jsonl,
 the measured commands), never typed in. See docs/benchmarks.md, "Report pipeline".
@@ -320,7 +320,32 @@ def replace_section(doc: str, heading: str, body: str) -> str:
     return "".join(lines[: i + 1]) + section + "".join(lines[j:])
 
 
-def report(run_dirs: list[Path], results_path: Path, doc_path: Path, speed_path: Path | None, figures: list[str]) -> list[dict]:
+def readme_block(results: list[dict], results_path: Path, doc_path: Path, readme: Path, figures: list[str]) -> str:
+    """The README's generated results: one row per result, every figure from results.json, links to the rest."""
+    def link(path) -> str:
+        return os.path.relpath(path, readme.parent)
+
+    quick = any(r.get("mode") == "quick" for r in results)
+    lines = [BEGIN, ""]
+    if quick:
+        lines += ["**QUICK-MODE SMOKE FIGURES**: they only show that the pipeline runs.", ""]
+    lines += [f"Multi30k {results[0]['test_set']} ({results[0]['num_sentences']:,} sentences), sacreBLEU cased 13a "
+              "and lowercased (`-lc`, how the published Multi30k figures count, so comparisons with those are "
+              f"approximate), chrF. Every figure is read from [{Path(results_path).name}]({link(results_path)}), "
+              f"written by `scripts/benchmark.sh`; commands, speed and memory: [{Path(doc_path).name}]({link(doc_path)}).",
+              "", "| direction | checkpoint | BLEU | BLEU (lc) | chrF | beam | train min | hardware | config |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        ck = r["checkpoint"] + (f" ({len(r['averaged'])} ckpts)" if r.get("averaged") else "")
+        lines.append(f"| {r['direction']} | {ck} | {fmt(r['bleu'])} | {fmt(r['bleu_lc'])} | {fmt(r['chrf'])} | "
+                     f"{r['beam']} | {fmt(r['train_minutes'], 1)} | {r['hardware']} | `{r['config']}` |")
+    if figures:
+        lines += ["", "Figures: " + ", ".join(f"[{Path(f).stem}]({link(f)})" for f in figures)]
+    return "\n".join(lines + ["", END]) + "\n"
+
+
+def report(run_dirs: list[Path], results_path: Path, doc_path: Path, speed_path: Path | None, figures: list[str],
+           readme: Path | None = None) -> list[dict]:
     results = []
     for run_dir in run_dirs:
         results += read_json(run_dir / "bench" / "result.json")
@@ -342,6 +367,10 @@ def report(run_dirs: list[Path], results_path: Path, doc_path: Path, speed_path:
     body = render(results, speed_data, figures, rel)
     doc = doc_path.read_text(encoding="utf-8") if doc_path.is_file() else "# Benchmarks\n"
     atomic_write_text(doc_path, replace_section(doc, "## Quality", body))
+    if readme is not None:
+        text = readme.read_text(encoding="utf-8") if readme.is_file() else "# README\n"
+        atomic_write_text(readme, replace_section(text, "## Results", readme_block(results, results_path, doc_path,
+                                                                                    readme, figures)))
     return results
 
 
@@ -370,6 +399,7 @@ def main() -> None:
     rep.add_argument("--doc", type=Path, required=True)
     rep.add_argument("--speed", type=Path)
     rep.add_argument("--figure", action="append", default=[])
+    rep.add_argument("--readme", type=Path, help="also regenerate the '## Results' block of this README")
     rep.add_argument("run_dirs", nargs="+", type=Path)
     a = ap.parse_args()
     if a.cmd == "measure":
@@ -384,7 +414,7 @@ def main() -> None:
     elif a.cmd == "speed":
         speed(a.out, a.train_log, a.train_cmd, a.decode_log, a.decode_cmd)
     elif a.cmd == "report":
-        results = report(a.run_dirs, a.results, a.doc, a.speed, a.figure)
+        results = report(a.run_dirs, a.results, a.doc, a.speed, a.figure, a.readme)
         log(f"wrote {a.results} ({len(results)} results) and the Quality section of {a.doc}")
 
 

@@ -2,7 +2,7 @@
 # The reproducible Multi30k report (issue 7): for each config prepare, train, average, decode the
 # test set with beam 5 (best and averaged checkpoints), score, measure time and peak memory; then
 # the speed scripts; then docs/results.json, the `## Quality` section of docs/benchmarks.md, the
-# training curves and one cross-attention heatmap. Resumable: a run whose bench/result.json exists
+# `## Results` block of README.md, the training curves and one cross-attention heatmap. Resumable: a run whose bench/result.json exists
 # is skipped, an interrupted training continues with --resume. Progress goes to stderr.
 #
 #   scripts/benchmark.sh                       # de-en, en-de, en-fr with the shipped configs -> docs/
@@ -22,6 +22,8 @@ usage: scripts/benchmark.sh [options]
   --out DIR                  where results.json, speed.json and the PNGs go (default: docs)
   --doc FILE                 the Markdown file whose "## Quality" section is regenerated
                              (default: docs/benchmarks.md; --quick: OUT/benchmarks.md)
+  --readme FILE              the README whose "## Results" block is regenerated
+                             (default: README.md; --quick: OUT/README.md)
   --average N                average the last N periodic checkpoints (default: 5)
   --beam N                   beam size for the test set (default: 5)
   --no-speed                 skip scripts/bench_train.py and scripts/bench_decode.py
@@ -30,7 +32,7 @@ EOF
 }
 
 cd "$(dirname "$0")/.."
-QUICK=0 FORCE=0 SPEED=1 AVERAGE=5 BEAM=5 CONFIGS="" RUNS="" OUT="" DOC=""
+QUICK=0 FORCE=0 SPEED=1 AVERAGE=5 BEAM=5 CONFIGS="" RUNS="" OUT="" DOC="" README=""
 SETS=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -40,6 +42,7 @@ while [[ $# -gt 0 ]]; do
     --runs) RUNS="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
     --doc) DOC="$2"; shift 2 ;;
+    --readme) README="$2"; shift 2 ;;
     --average) AVERAGE="$2"; shift 2 ;;
     --beam) BEAM="$2"; shift 2 ;;
     --no-speed) SPEED=0; shift ;;
@@ -66,6 +69,8 @@ OUT="${OUT:-docs}"
 DOC="${DOC:-$([[ $QUICK == 1 ]] && echo "$OUT/benchmarks.md" || echo docs/benchmarks.md)}"
 mkdir -p "$RUNS" "$OUT"
 if [[ $QUICK == 1 && ! -f $DOC ]]; then cp docs/benchmarks.md "$DOC"; fi
+README="${README:-$([[ $QUICK == 1 ]] && echo "$OUT/README.md" || echo README.md)}"
+if [[ $QUICK == 1 && ! -f $README ]]; then cp README.md "$README"; fi
 
 if command -v tcli >/dev/null 2>&1; then TCLI=(tcli); else TCLI=(python -m transformer_cli); fi
 PY=(python scripts/benchmark.py)
@@ -169,6 +174,6 @@ fi
 
 RUN_DIRS=()
 for config in $CONFIGS; do RUN_DIRS+=("$RUNS/$(basename "$config" .yaml)"); done
-"${PY[@]}" report --results "$OUT/results.json" --doc "$DOC" ${SPEED_ARGS[@]+"${SPEED_ARGS[@]}"} \
+"${PY[@]}" report --results "$OUT/results.json" --doc "$DOC" --readme "$README" ${SPEED_ARGS[@]+"${SPEED_ARGS[@]}"} \
   "${FIGURES[@]}" "${RUN_DIRS[@]}"
-log "finished in $(elapsed) ($MODE mode): $OUT/results.json, $DOC"
+log "finished in $(elapsed) ($MODE mode): $OUT/results.json, $DOC, $README"

@@ -113,6 +113,21 @@ def test_report_section_pngs_and_other_sections_kept(pipeline):
         assert f"]({png})" in quality
 
 
+def test_readme_results_block_comes_from_results_json(pipeline):
+    out = pipeline["out"]
+    readme = (out / "README.md").read_text(encoding="utf-8")
+    original = (ROOT / "README.md").read_text(encoding="utf-8")
+    results = json.loads((out / "results.json").read_text())
+    block = readme.split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
+    assert benchmark.BEGIN in block and "QUICK-MODE SMOKE FIGURES" in block and "Not measured yet" not in block
+    for r in results:
+        assert f"| {r['direction']} | {r['checkpoint']}" in block
+        assert f"| {r['bleu']:.2f} | {r['bleu_lc']:.2f} | {r['chrf']:.2f} | 5 | {r['train_minutes']:.1f} |" in block
+    assert "](results.json)" in block and "](training_tiny.png)" in block and "](attention_tiny.png)" in block
+    assert readme.split("\n## Results\n", 1)[0] == original.split("\n## Results\n", 1)[0]  # the rest kept
+    assert readme.split(benchmark.END, 1)[1] == original.split(benchmark.END, 1)[1]
+
+
 def test_rerun_skips_finished_runs(pipeline):
     before = (pipeline["run"] / "bench" / "train.measure.json").read_text()
     results = (pipeline["out"] / "results.json").read_text()
