@@ -56,6 +56,19 @@ def test_eval_files_line_mismatch_and_option_errors(tmp_path, capsys):
     assert code == 2 and "--split" in err
 
 
+def test_only_newline_ends_a_line_as_in_sacrebleu(tmp_path, capsys):
+    """A lone \r inside a sentence stays in it (CRLF endings are still stripped): no false line-count mismatch."""
+    from transformer_cli.metrics import read_lines
+
+    hyp, ref = tmp_path / "h.txt", tmp_path / "r.txt"
+    hyp.write_bytes(b"a man\rrides a bike\r\ntwo dogs\r\n")
+    ref.write_bytes(b"a man\rrides a bike\ntwo dogs\n")
+    assert read_lines(hyp) == read_lines(ref) == ["a man\rrides a bike", "two dogs"]
+    code, out, err = run_main(capsys, "eval", "--hyp", hyp, "--ref", ref, "--json")
+    assert code == 0, err
+    assert json.loads(out)["bleu"] == pytest.approx(100.0)
+
+
 def test_attention_png(smoke_run, tmp_path):  # noqa: F811
     out = tmp_path / "att.png"
     r = tcli("attention", "--run-dir", smoke_run, "--text", "Ein Mann fährt Fahrrad.", "-o", out, "--heads",

@@ -474,6 +474,9 @@ CASES = [
     Case("translate-line-too-long", ("translate", "--run-dir", "{run}", "-i", "{tmp}/in.txt"), 0,
          "subword tokens, truncated to 255 (model.max_len)",
          source_lines("Ein Hund.", " ".join(["Hund Katze Haus"] * 200), ""), check=translated_in_order),
+    Case("translate-line-too-long-quiet", (*TRANSLATE, "-i", "{tmp}/in.txt"), 0,
+         "line 2: ",  # --quiet silences progress, never a warning about the user's data
+         source_lines("Ein Hund.", " ".join(["Hund Katze Haus"] * 200), ""), check=translated_in_order),
     Case("model-emits-line-break", TRANSLATE, 0, "", line_break_model, run="copy", stdin=b"Ein Hund.\nZwei Katzen.\n",
          check=lambda c, o: len(lines(o.stdout)) == 2 or pytest.fail(f"2 lines in, {o.stdout!r} out")),
     Case("translate-empty-file", (*TRANSLATE, "-i", "{tmp}/in.txt", "-o", "{tmp}/out.txt"), 0, "",
@@ -501,6 +504,10 @@ CASES = [
          run="copy", writes=("run/config.yaml",)),
     Case("sigterm-during-translate-output", (*TRANSLATE, "-i", "{tiny}/train.de", "-o", "{tmp}/out.txt"), 143,
          "error: terminated by SIGTERM; files being written were discarded", interrupt=(translating_to_file, signal.SIGTERM),
+         check=lambda c, o: not (c.tmp / "out.txt").exists() or pytest.fail("a partial output was left")),
+    Case("sigint-during-translate-output", (*TRANSLATE, "-i", "{tiny}/train.de", "-o", "{tmp}/out.txt"), 130,
+         "error: interrupted (Ctrl-C); files being written were discarded",
+         interrupt=(translating_to_file, signal.SIGINT),
          check=lambda c, o: not (c.tmp / "out.txt").exists() or pytest.fail("a partial output was left")),
     Case("download-corrupt", ("download", "multi30k", "--dest", "{tmp}/dl", "--base-url", "file://{tmp}/mirror", "-q"), 1,
          "does not match the expected", corrupt_mirror,
@@ -546,6 +553,7 @@ def execute(case: Case, tmp: Path, trained: Path, tiny: Path) -> tuple[Ctx, Outc
     args = [ctx.fmt(a) for a in case.args]
 
     def limits():
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # a background job inherits SIGINT ignored; a terminal does not
         if case.limit_file_size:
             resource.setrlimit(resource.RLIMIT_FSIZE, (case.limit_file_size, case.limit_file_size))
 
@@ -609,7 +617,7 @@ def test_robustness(case: Case, outcomes):
     assert ("Traceback" in out.stderr) == case.traceback, out.stderr
     assert out.code == case.code, out.stderr[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
-    if case.code in (1, 2, 143) and case.message.startswith("error: "):
+    if case.code in (1, 2, 130, 143) and case.message.startswith("error: "):
         assert ctx.fmt(case.message) == errors[0] and len(errors) == 1, out.stderr
     elif case.code in (1, 2):
         assert len(errors) == 1 and out.stderr.rstrip("\n").endswith(errors[0]), out.stderr  # one line, last

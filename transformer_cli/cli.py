@@ -314,6 +314,17 @@ def _terminate(signum, frame) -> None:
     raise Terminated()
 
 
+def _caused_by_interrupt(exc: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is in the exception's cause/context chain."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """Entry point: run the app, turning user errors into `error: ...` and an exit code."""
     import signal
@@ -331,6 +342,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         sys.exit(130)
+    except SystemExit as e:  # Typer turns a KeyboardInterrupt into a silent exit 130: say what happened
+        if e.code == 130 and _caused_by_interrupt(e):
+            print("error: interrupted (Ctrl-C); files being written were discarded", file=sys.stderr)
+        raise
     except Terminated:
         print("error: terminated by SIGTERM; files being written were discarded", file=sys.stderr)
         sys.exit(143)

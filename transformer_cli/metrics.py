@@ -33,10 +33,13 @@ def corpus_scores(hyps: Sequence[str], refs: Sequence[str], tokenize: str = "13a
 
 
 def read_lines(path: str | Path) -> list[str]:
-    """Lines of a UTF-8 text file with trailing whitespace stripped, as the sacrebleu CLI reads them."""
+    """Lines of a UTF-8 text file with trailing whitespace stripped, as the sacrebleu CLI reads them.
+
+    Only \n ends a line (sacrebleu opens with newline="\n"): a lone \r inside a sentence stays in it.
+    """
     path = Path(path)
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8", newline="\n") as f:
             return [line.rstrip() for line in f]
     except FileNotFoundError:
         raise DataError(f"{path}: file not found") from None

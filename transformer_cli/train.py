@@ -122,6 +122,35 @@ def check_run_dir(cfg: Config, run_dir: Path, resume: bool, overwrite: bool) -> 
                           f"to delete it and start over, or choose another --run-dir")
 
 
+LOCK_NAME = ".tcli-train.lock"
+
+
+@contextlib.contextmanager
+def run_dir_lock(run_dir: Path):
+    """Hold an exclusive flock on run_dir/.tcli-train.lock while training, so a second `tcli train` there
+    (even with --resume or --overwrite) is refused instead of interleaving checkpoints. The kernel drops
+    the lock when the process ends, however it ends (SIGKILL included): no stale lock to clean up."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / LOCK_NAME, "a+", encoding="utf-8") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            pid = f.read().strip() or "?"
+            raise TcliError(f"{run_dir} is in use by another `tcli train` (pid {pid}); wait for it to end "
+                            f"or choose another --run-dir") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        yield
+
+
 # ---------------------------------------------------------------- distributed
 
 
@@ -732,12 +761,14 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, 
     cfg.run_dir = str(run_dir)
     check_limits(cfg)
     dist = init_distributed(cfg.train.device)
+    held = contextlib.ExitStack()  # rank 0's run-dir lock, held until training ends
     try:
         check_precision(cfg.train.precision, dist.device)
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
 
         def setup():
+            held.enter_context(run_dir_lock(run_dir))
             check_run_dir(cfg, run_dir, resume, overwrite)
             ck.recover(run_dir)
             prepare(cfg, run_dir, quiet=quiet)
@@ -746,6 +777,7 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, 
         trainer = Trainer(cfg, run_dir, dist, quiet, resume_command)
         return trainer.run(resume)
     finally:
+        held.close()
         if dist.world > 1:
             import torch.distributed as tdist
 

@@ -183,12 +183,12 @@ def translate_stream_to(translator: Translator, stream, name: str, write: Callab
     """Translate a binary input stream line by line into `write` (one call per output line); returns the count."""
     import time
 
-    warn = None if quiet else _stderr
+    warn = _stderr  # warnings (a truncated line) are not progress: --quiet keeps them
     count, start = 0, time.perf_counter()
     for hyps in translator.translate_stream(decode_lines(stream, name), buffer_size, nbest, warn=warn):
         write(format_nbest(hyps, nbest > 1) + "\n")
         count += 1
-    if warn is not None:
+    if not quiet:
         secs = time.perf_counter() - start
         warn(f"translated {count} lines from {name} in {secs:.1f} s ({count / max(secs, 1e-9):.1f} lines/s)")
     return count
