@@ -88,6 +88,8 @@ run_config() {
   bench="$run/bench"
   if [[ -f $bench/result.json && $FORCE == 0 ]]; then
     log "$stem: skipped, $bench/result.json exists (--force to redo)"
+    # the curves may have gone to another --out in the run that measured it
+    [[ -f $OUT/training_$stem.png ]] || "${TCLI[@]}" plot --run-dir "$run" -o "$OUT/training_$stem.png" >&2
     return
   fi
   mkdir -p "$bench"

@@ -131,12 +131,14 @@ def test_readme_results_block_comes_from_results_json(pipeline):
 def test_rerun_skips_finished_runs(pipeline):
     before = (pipeline["run"] / "bench" / "train.measure.json").read_text()
     results = (pipeline["out"] / "results.json").read_text()
+    (pipeline["out"] / "training_tiny.png").unlink()  # as when the run was measured with another --out
     again = run_benchmark("--quick", "--configs", str(pipeline["config"]), "--runs", str(pipeline["runs"]),
                           "--out", str(pipeline["out"]), "--no-speed")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "tiny: skipped" in again.stderr
     assert (pipeline["run"] / "bench" / "train.measure.json").read_text() == before
     assert (pipeline["out"] / "results.json").read_text() == results
+    assert (pipeline["out"] / "training_tiny.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # drawn again
 
 
 def test_replace_section_is_idempotent_and_keeps_hand_text():
