@@ -21,3 +21,18 @@ def test_info_names_device():
     r = run_tcli("info")
     assert r.returncode == 0, r.stderr
     assert "torch" in r.stdout and "device cpu" in r.stdout
+
+
+def test_onednn_primitive_cache_is_capped_unless_the_user_set_it():
+    """Importing the package caps oneDNN's primitive cache (long bf16 trainings), never overriding the user."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import os, transformer_cli; print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])"
+    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "64"
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "7"},
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "7"
