@@ -126,6 +126,7 @@ def record(run_dir: Path, config: str, mode: str) -> list[dict]:
         "hardware": hardware(), "config": config, "command": command_line(train_mem, ("--resume", "--overwrite")),
         "run_dir": str(run_dir), **metrics_summary(run_dir), "train_stopped": summary.get("stopped"),
         "train_peak_rss_mb": train_mem["peak_rss_mb"],
+        "train_threads": cfg.train.threads or os.cpu_count(),  # 0 in a config = one per core
     }
     out = []
     order = {"best": 0, "averaged": 1}  # best first, then averaged, then any other checkpoint by name
@@ -230,13 +231,13 @@ def fmt(value, digits: int = 2) -> str:
 
 
 def quality_table(results: list[dict]) -> list[str]:
-    lines = ["| direction | checkpoint | BLEU (cased) | BLEU (lc) | chrF | beam | train min | steps | epochs | hardware | config |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| direction | checkpoint | BLEU (cased) | BLEU (lc) | chrF | beam | train min | steps | epochs | hardware | "
+             "train threads | config |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         ck = r["checkpoint"] + (f" ({len(r['averaged'])} ckpts)" if r.get("averaged") else "")
         lines.append(f"| {r['direction']} | {ck} | {fmt(r['bleu'])} | {fmt(r['bleu_lc'])} | {fmt(r['chrf'])} | "
                      f"{r['beam']} | {fmt(r['train_minutes'], 1)} | {fmt(r.get('train_steps'))} | "
-                     f"{fmt(r.get('train_epochs'))} | {r['hardware']} | `{r['config']}` |")
+                     f"{fmt(r.get('train_epochs'))} | {r['hardware']} | {fmt(r.get('train_threads'))} | `{r['config']}` |")
     return lines
 
 
@@ -333,12 +334,13 @@ def readme_block(results: list[dict], results_path: Path, doc_path: Path, readme
               "and lowercased (`-lc`, how the published Multi30k figures count, so comparisons with those are "
               f"approximate), chrF. Every figure is read from [{Path(results_path).name}]({link(results_path)}), "
               f"written by `scripts/benchmark.sh`; commands, speed and memory: [{Path(doc_path).name}]({link(doc_path)}).",
-              "", "| direction | checkpoint | BLEU | BLEU (lc) | chrF | beam | train min | hardware | config |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "", "| direction | checkpoint | BLEU | BLEU (lc) | chrF | beam | train min | hardware | train threads | config |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         ck = r["checkpoint"] + (f" ({len(r['averaged'])} ckpts)" if r.get("averaged") else "")
         lines.append(f"| {r['direction']} | {ck} | {fmt(r['bleu'])} | {fmt(r['bleu_lc'])} | {fmt(r['chrf'])} | "
-                     f"{r['beam']} | {fmt(r['train_minutes'], 1)} | {r['hardware']} | `{r['config']}` |")
+                     f"{r['beam']} | {fmt(r['train_minutes'], 1)} | {r['hardware']} | {fmt(r.get('train_threads'))} | "
+                     f"`{r['config']}` |")
     if figures:
         lines += ["", "Figures: " + ", ".join(f"[{Path(f).stem}]({link(f)})" for f in figures)]
     return "\n".join(lines + ["", END]) + "\n"

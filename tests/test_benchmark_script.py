@@ -83,7 +83,7 @@ def test_results_json_holds_the_measured_scores(pipeline):
             assert r[key] == round(again[key], 2)
             assert r[f"{key}_signature"] == again[f"{key}_signature"]
         assert r["train_minutes"] == round(max(m["wall_s"] for m in metrics) / 60, 2)
-        assert r["train_steps"] == 20 and r["train_peak_rss_mb"] > 50
+        assert r["train_steps"] == 20 and r["train_peak_rss_mb"] > 50 and r["train_threads"] == 1
         assert r["hardware"].startswith(("cpu: ", "gpu: "))
         words = shlex.split(r["command"])
         assert words[-2:] == ["--set", "train.valid_every=10"]  # the overrides, in the order given
