@@ -136,18 +136,13 @@ def run_dir_lock(run_dir: Path):
         yield
         return
     run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / LOCK_NAME, "a+", encoding="utf-8") as f:
+    # The file stays empty: a command that then fails (a refused --resume, say) must change nothing.
+    with open(run_dir / LOCK_NAME, "a", encoding="utf-8") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            f.seek(0)
-            pid = f.read().strip() or "?"
-            raise TcliError(f"{run_dir} is in use by another `tcli train` (pid {pid}); wait for it to end "
-                            f"or choose another --run-dir") from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"{os.getpid()}\n")
-        f.flush()
+            raise TcliError(f"{run_dir} is in use by another `tcli train` (it holds {run_dir / LOCK_NAME}; "
+                            f"`fuser` names it); wait for it to end or choose another --run-dir") from None
         yield
 
 
