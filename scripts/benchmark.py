@@ -230,12 +230,16 @@ def fmt(value, digits: int = 2) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
+def checkpoint_label(r: dict) -> str:
+    """'best', or 'averaged (N ckpts)' for an averaged checkpoint."""
+    return r["checkpoint"] + (f" ({len(r['averaged'])} ckpts)" if r.get("averaged") else "")
+
+
 def quality_table(results: list[dict]) -> list[str]:
     lines = ["| direction | checkpoint | BLEU (cased) | BLEU (lc) | chrF | beam | train min | steps | epochs | hardware | "
              "train threads | config |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        ck = r["checkpoint"] + (f" ({len(r['averaged'])} ckpts)" if r.get("averaged") else "")
-        lines.append(f"| {r['direction']} | {ck} | {fmt(r['bleu'])} | {fmt(r['bleu_lc'])} | {fmt(r['chrf'])} | "
+        lines.append(f"| {r['direction']} | {checkpoint_label(r)} | {fmt(r['bleu'])} | {fmt(r['bleu_lc'])} | {fmt(r['chrf'])} | "
                      f"{r['beam']} | {fmt(r['train_minutes'], 1)} | {fmt(r.get('train_steps'))} | "
                      f"{fmt(r.get('train_epochs'))} | {r['hardware']} | {fmt(r.get('train_threads'))} | `{r['config']}` |")
     return lines
@@ -337,8 +341,7 @@ def readme_block(results: list[dict], results_path: Path, doc_path: Path, readme
               "", "| direction | checkpoint | BLEU | BLEU (lc) | chrF | beam | train min | hardware | train threads | config |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        ck = r["checkpoint"] + (f" ({len(r['averaged'])} ckpts)" if r.get("averaged") else "")
-        lines.append(f"| {r['direction']} | {ck} | {fmt(r['bleu'])} | {fmt(r['bleu_lc'])} | {fmt(r['chrf'])} | "
+        lines.append(f"| {r['direction']} | {checkpoint_label(r)} | {fmt(r['bleu'])} | {fmt(r['bleu_lc'])} | {fmt(r['chrf'])} | "
                      f"{r['beam']} | {fmt(r['train_minutes'], 1)} | {r['hardware']} | {fmt(r.get('train_threads'))} | "
                      f"`{r['config']}` |")
     if figures:

@@ -314,6 +314,9 @@ def _terminate(signum, frame) -> None:
     raise Terminated()
 
 
+INTERRUPTED = "error: interrupted (Ctrl-C); files being written were discarded"
+
+
 def _caused_by_interrupt(exc: BaseException) -> bool:
     """Whether a KeyboardInterrupt is in the exception's cause/context chain."""
     seen = set()
@@ -339,12 +342,12 @@ def main(argv: Optional[List[str]] = None) -> None:
             traceback.print_exc()  # and still the one-line message and the documented exit code
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # one raised outside Typer's own handling
+        print(INTERRUPTED, file=sys.stderr)
         sys.exit(130)
     except SystemExit as e:  # Typer turns a KeyboardInterrupt into a silent exit 130: say what happened
         if e.code == 130 and _caused_by_interrupt(e):
-            print("error: interrupted (Ctrl-C); files being written were discarded", file=sys.stderr)
+            print(INTERRUPTED, file=sys.stderr)
         raise
     except Terminated:
         print("error: terminated by SIGTERM; files being written were discarded", file=sys.stderr)

@@ -490,9 +490,6 @@ class Trainer:
         """The model-selection score: valid_bleu, valid_chrf or valid_loss."""
         return result[f"valid_{self.t.valid_metric}"]
 
-    def metric(self) -> str:
-        return self.t.valid_metric
-
     # -- checkpoints and logs
 
     def weights_finite(self) -> bool:
@@ -509,7 +506,7 @@ class Trainer:
                 if self.progress.best_step == self.progress.step:
                     ck.write_checkpoint(root / "best", self.model, info)
             ck.write_checkpoint(root / "last", self.model, info, state=state)
-            ck.prune(self.run_dir, self.t.keep_last, self.t.keep_best, self.metric())
+            ck.prune(self.run_dir, self.t.keep_last, self.t.keep_best, self.t.valid_metric)
         self.last_saved_step = self.progress.step
 
     def record(self, entry: dict) -> None:
@@ -644,7 +641,7 @@ class Trainer:
         if self.dist.main:
             result = self.validate()
             score = self.score(result)
-            if ck.better(score, p.best_score, self.metric()):
+            if ck.better(score, p.best_score, self.t.valid_metric):
                 p.best_score, p.best_step, p.bad_validations = score, p.step, 0
             else:
                 p.bad_validations += 1
@@ -691,7 +688,7 @@ class Trainer:
     def _log_valid(self, result: dict) -> None:
         p = self.progress
         parts = " ".join(f"{k[6:]} {v}" for k, v in result.items())
-        self.log(f"valid step {p.step}: {parts} (best {self.metric()} {p.best_score} at step {p.best_step})")
+        self.log(f"valid step {p.step}: {parts} (best {self.t.valid_metric} {p.best_score} at step {p.best_step})")
 
     def _progress_bar(self):
         if self.quiet or not self.dist.main or not sys.stderr.isatty():
@@ -719,7 +716,7 @@ class Trainer:
         p = self.progress
         out = {
             "run_dir": str(self.run_dir), "stopped": reason, "step": p.step, "epoch": p.epoch,
-            "metric": self.metric(), "best_score": p.best_score, "best_step": p.best_step,
+            "metric": self.t.valid_metric, "best_score": p.best_score, "best_step": p.best_step,
             "wall_s": round(p.wall_s, 1), "exit_code": 0,
         }
         if reason == "signal":
