@@ -3,7 +3,7 @@
 Each run is a fresh `python -m transformer_cli prepare` process (so imports are counted); its peak
 resident memory comes from os.wait4. Medians over --repeat runs.
 
-    python scripts/bench_prepare.py --config configs/multi30k_de_en.yaml --repeat 3
+    python scripts/bench_prepare.py --config configs/multi30k_de_en_base.yaml --repeat 3
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def bench_large_batching(n: int = 2_000_000, max_tokens: int = 4096) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/multi30k_de_en.yaml")
+    parser.add_argument("--config", default="configs/multi30k_de_en_base.yaml")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--set", action="append", default=[], dest="sets")
     sys.path.insert(0, str(ROOT))

@@ -1,6 +1,6 @@
 """Training speed: tcli's training step vs a plain torch.nn.Transformer loop, side by side in one run.
 
-Both train the Multi30k de-en main config (3+3 layers, d_model 256, 4 heads, FFN 1024, joint
+Both train the Multi30k de-en benchmark shape (configs/multi30k_de_en_base.yaml: 3+3 layers, d_model 256, 4 heads, FFN 1024, joint
 sentencepiece 8k, tied embeddings, pre-LN, dropout 0.3) on the SAME length-bucketed 4096-token
 batches of `batching.token_batches`, in fp32 and bf16 autocast. The four variants run interleaved
 in rounds (so load from other processes hits them alike; by default one step per variant per
@@ -132,7 +132,7 @@ class OursLoop:
 
 
 def setup(args):
-    cfg = load_config(ROOT / "configs" / "multi30k_de_en.yaml", [
+    cfg = load_config(ROOT / "configs" / "multi30k_de_en_base.yaml", [
         f"train.threads={args.threads}", f"train.warmup_steps={args.warmup}", "train.max_steps=100000",
         f"train.compile={str(args.compile).lower()}",
     ])

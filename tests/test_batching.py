@@ -120,7 +120,7 @@ def test_ragged_select_equals_indexing():
 
 @pytest.fixture(scope="module")
 def multi30k_train(tmp_path_factory, multi30k) -> EncodedSplit:
-    """Multi30k train encoded with the de-en config's joint 8k vocabulary (BPE: trains in a second)."""
+    """Multi30k train encoded with the de-en config's joint vocabulary (BPE: trains in a second)."""
     cfg = load_config(ROOT / "configs" / "multi30k_de_en.yaml", [f"data.path={multi30k}", "tokenizer.model_type=bpe"])
     run_dir = tmp_path_factory.mktemp("m30k")
     prepare(cfg, run_dir, quiet=True)
