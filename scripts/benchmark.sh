@@ -6,6 +6,7 @@
 # is skipped, an interrupted training continues with --resume. Progress goes to stderr.
 #
 #   scripts/benchmark.sh                       # de-en, en-de, en-fr with the shipped configs -> docs/
+#   scripts/benchmark.sh --jobs 3 --no-speed   # the same, three trainings at once
 #   scripts/benchmark.sh --configs configs/multi30k_de_en_cpu60.yaml
 #   scripts/benchmark.sh --quick               # smoke test: configs/smoke.yaml, 60 updates, output in /tmp
 set -euo pipefail
@@ -27,12 +28,15 @@ usage: scripts/benchmark.sh [options]
   --average N                average the last N periodic checkpoints (default: 5)
   --beam N                   beam size for the test set (default: 5)
   --no-speed                 skip scripts/bench_train.py and scripts/bench_decode.py
+  --jobs N                   run up to N configs at once (default: 1); each one's progress then
+                             goes to RUNS/<config name>/bench/log. Give each run its own core
+                             (train.threads: 1 in the config, or --set train.threads=1)
   --force                    redo finished runs (tcli train --overwrite) and the speed runs
 EOF
 }
 
 cd "$(dirname "$0")/.."
-QUICK=0 FORCE=0 SPEED=1 AVERAGE=5 BEAM=5 CONFIGS="" RUNS="" OUT="" DOC="" README=""
+QUICK=0 FORCE=0 SPEED=1 AVERAGE=5 BEAM=5 JOBS=1 CONFIGS="" RUNS="" OUT="" DOC="" README=""
 SETS=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -46,6 +50,7 @@ while [[ $# -gt 0 ]]; do
     --average) AVERAGE="$2"; shift 2 ;;
     --beam) BEAM="$2"; shift 2 ;;
     --no-speed) SPEED=0; shift ;;
+    --jobs) JOBS="$2"; shift 2 ;;
     --force) FORCE=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "benchmark: unknown option '$1'" >&2; usage >&2; exit 2 ;;
@@ -130,10 +135,38 @@ run_config() {
   log "$stem: done ($(elapsed))"
 }
 
+[[ $JOBS =~ ^[1-9][0-9]*$ ]] || { log "--jobs must be a positive integer, got '$JOBS'"; exit 2; }
 for config in $CONFIGS; do
   [[ -f $config ]] || { log "config $config not found"; exit 2; }
-  run_config "$config"
 done
+if (( JOBS == 1 )); then
+  for config in $CONFIGS; do run_config "$config"; done
+else
+  # Each config in a background subshell that leaves its exit status in bench/exit; at most JOBS
+  # run at once. Every run finishes (or fails) before the report, which needs them all.
+  for config in $CONFIGS; do
+    while (( $(jobs -rp | wc -l) >= JOBS )); do wait -n || true; done
+    stem=$(basename "$config" .yaml)
+    mkdir -p "$RUNS/$stem/bench"
+    rm -f "$RUNS/$stem/bench/exit"
+    log "$stem: started, progress in $RUNS/$stem/bench/log"
+    (set +e; (set -e; run_config "$config") 2> "$RUNS/$stem/bench/log"; echo $? > "$RUNS/$stem/bench/exit") &
+  done
+  wait
+  failed=0
+  for config in $CONFIGS; do
+    stem=$(basename "$config" .yaml)
+    status=$(cat "$RUNS/$stem/bench/exit" 2>/dev/null || echo "?")
+    if [[ $status != 0 ]]; then
+      log "$stem: failed (exit $status); the end of $RUNS/$stem/bench/log:"
+      tail -n 5 "$RUNS/$stem/bench/log" >&2 || true
+      failed=1
+    else
+      log "$stem: done"
+    fi
+  done
+  (( failed == 0 )) || exit 1
+fi
 
 # One cross-attention heatmap: the first config's run, the averaged checkpoint when there is one.
 first=$(basename "${CONFIGS%% *}" .yaml)

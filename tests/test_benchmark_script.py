@@ -141,6 +141,32 @@ def test_rerun_skips_finished_runs(pipeline):
     assert (pipeline["out"] / "training_tiny.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # drawn again
 
 
+def test_jobs_runs_configs_side_by_side_and_reports_each_failure(pipeline, tmp_path):
+    """--jobs 2: a new config trains in the background next to a finished one; a bad one fails alone."""
+    second = tmp_path / "tiny_b.yaml"
+    second.write_text(pipeline["config"].read_text().replace("threads: 1,", "threads: 1, seed: 7,"), encoding="utf-8")
+    out = tmp_path / "out"
+    ok = run_benchmark("--quick", "--jobs", "2", "--configs", f"{pipeline['config']} {second}",
+                       "--runs", str(pipeline["runs"]), "--out", str(out), "--no-speed")
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    new_run = pipeline["runs"] / "tiny_b"
+    assert (new_run / "bench" / "exit").read_text().strip() == "0"
+    assert "tiny_b: done" in (new_run / "bench" / "log").read_text()  # its progress went to its own log
+    assert "tiny_b: done" in ok.stderr and "tiny: skipped" in (pipeline["run"] / "bench" / "log").read_text()
+    rows = json.loads((out / "results.json").read_text())
+    assert [(Path(r["run_dir"]).name, r["checkpoint"]) for r in rows] == [
+        ("tiny", "best"), ("tiny", "averaged"), ("tiny_b", "best"), ("tiny_b", "averaged")]
+    assert (out / "training_tiny_b.png").is_file()
+
+    bad = tmp_path / "tiny_bad.yaml"
+    bad.write_text(pipeline["config"].read_text().replace("d_model: 32", "d_model: 33"), encoding="utf-8")
+    failed = run_benchmark("--quick", "--jobs", "2", "--configs", f"{pipeline['config']} {bad}",
+                           "--runs", str(pipeline["runs"]), "--out", str(tmp_path / "out2"), "--no-speed")
+    assert failed.returncode == 1
+    assert "tiny_bad: failed (exit 2)" in failed.stderr and "must divide" in failed.stderr  # the log's tail
+    assert "tiny: done" in failed.stderr and not (tmp_path / "out2" / "results.json").exists()
+
+
 def test_replace_section_is_idempotent_and_keeps_hand_text():
     doc = "# B\n\n## A\ntext a\n\n## Quality\n\nhand-written intro\n\n## C\ntext c\n"
     once = benchmark.replace_section(doc, "## Quality", f"{benchmark.BEGIN}\nv1\n{benchmark.END}\n")
