@@ -1,15 +1,15 @@
 """Training speed: tcli's training step vs a plain torch.nn.Transformer loop, side by side in one run.
 
-Both train the Multi30k de-en benchmark shape (configs/multi30k_de_en_base.yaml: 3+3 layers, d_model 256, 4 heads, FFN 1024, joint
-sentencepiece 8k, tied embeddings, pre-LN, dropout 0.3) on the SAME length-bucketed 4096-token
-batches of `batching.token_batches`, in fp32 and bf16 autocast. The four variants run interleaved
-in rounds (so load from other processes hits them alike; by default one step per variant per
-round: the four variants run the same batch back to back). Each step's target tokens / seconds
-is one sample; reported: the medians, their ratio, and the median of the per-batch ratios
-(tcli / reference on the same batch, a few seconds apart: the figure least hurt by other jobs
-on a shared machine). After the rounds every variant has made
-the same updates on the same batches, so the validation losses compare numerics (bf16 vs fp32).
-Peak resident memory is measured in a fresh child process per variant (ru_maxrss is per process).
+Both train the Multi30k de-en benchmark shape (configs/multi30k_de_en_base.yaml: 3+3 layers, d_model
+256, 4 heads, FFN 1024, joint sentencepiece 8k, tied embeddings, pre-LN, dropout 0.3) on the SAME
+length-bucketed 4096-token batches of `batching.token_batches`, in fp32 and bf16 autocast. The four
+variants run interleaved in rounds (so load from other processes hits them alike; by default one
+step per variant per round: the four variants run the same batch back to back). Each step's target
+tokens / seconds is one sample; reported: the medians, their ratio, and the median of the per-batch
+ratios (tcli / reference on the same batch, a few seconds apart: the figure least hurt by other jobs
+on a shared machine). After the rounds every variant has made the same updates on the same batches,
+so the validation losses compare numerics (bf16 vs fp32). Peak resident memory is measured in a
+fresh child process per variant (ru_maxrss is per process).
 
     python scripts/bench_train.py --steps 30
 """

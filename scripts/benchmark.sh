@@ -150,7 +150,8 @@ else
     mkdir -p "$RUNS/$stem/bench"
     rm -f "$RUNS/$stem/bench/exit"
     log "$stem: started, progress in $RUNS/$stem/bench/log"
-    (set +e; (set -e; run_config "$config") 2> "$RUNS/$stem/bench/log"; echo $? > "$RUNS/$stem/bench/exit") &
+    # appended, not truncated: a rerun that skips a finished run keeps the log of its training
+    (set +e; (set -e; run_config "$config") 2>> "$RUNS/$stem/bench/log"; echo $? > "$RUNS/$stem/bench/exit") &
   done
   wait
   failed=0

@@ -160,11 +160,13 @@ def test_jobs_runs_configs_side_by_side_and_reports_each_failure(pipeline, tmp_p
 
     bad = tmp_path / "tiny_bad.yaml"
     bad.write_text(pipeline["config"].read_text().replace("d_model: 32", "d_model: 33"), encoding="utf-8")
-    failed = run_benchmark("--quick", "--jobs", "2", "--configs", f"{pipeline['config']} {bad}",
+    failed = run_benchmark("--quick", "--jobs", "2", "--configs", f"{second} {bad}",
                            "--runs", str(pipeline["runs"]), "--out", str(tmp_path / "out2"), "--no-speed")
     assert failed.returncode == 1
     assert "tiny_bad: failed (exit 2)" in failed.stderr and "must divide" in failed.stderr  # the log's tail
-    assert "tiny: done" in failed.stderr and not (tmp_path / "out2" / "results.json").exists()
+    assert "tiny_b: done" in failed.stderr and not (tmp_path / "out2" / "results.json").exists()
+    log = (new_run / "bench" / "log").read_text()
+    assert "tiny_b: trained" in log and "tiny_b: skipped" in log  # the rerun appended to the training's log
 
 
 def test_replace_section_is_idempotent_and_keeps_hand_text():
