@@ -25,7 +25,7 @@ VOCAB = 500
 
 
 def tiny_settings(data: Path) -> list[str]:
-    """Overrides of configs/smoke.yaml: 2,000 training pairs, 1,024-token batches (~35 per epoch), 45 updates."""
+    """Overrides of configs/smoke.yaml: 2,000 training pairs, 1,024-token batches (~70 per epoch), 45 updates."""
     sets = {
         "data.path": data, "data.max_train_pairs": 0, "tokenizer.vocab_size": VOCAB,
         "train.max_tokens": 1024, "train.max_steps": 45, "train.valid_every": 15, "train.log_every": 5,
@@ -155,6 +155,31 @@ def in_process(run_dir: Path, data: Path, *sets: str, **kw):
         return train(cfg, run_dir, quiet=True, **kw)
     finally:
         torch.set_num_threads(threads)  # train.threads must not leak into later tests
+
+
+def test_subword_sampling_trains_and_resumes_on_the_saved_sample(baseline, tiny_data, tmp_path):
+    """With train.subword_alpha every epoch trains on a new sample saved in subword/; two copies of a run
+    stopped mid-epoch both resume on that saved sample, so they end bitwise equal."""
+    sampling = ["train.subword_alpha=0.1", "train.subword_nbest=64"]
+    whole = prepared_copy(baseline, tmp_path / "whole")
+    result = run_tcli(*train_args(whole, tiny_data, *[w for x in sampling for w in ("--set", x)],
+                                  "--set", "train.max_steps=100"))
+    assert result.returncode == 0, result.stderr
+    assert "subword sampling: epoch 1 resampled" in result.stderr and "epoch 2 resampled" in result.stderr
+    assert metrics(whole)[-1]["epoch"] == 2
+    assert sorted(p.name for p in (whole / "subword").iterdir()) == ["epoch_00001.npz", "epoch_00002.npz"]
+    assert not bitwise_equal(final_weights(whole), final_weights(baseline))  # the option changes the data
+
+    stopped = prepared_copy(baseline, tmp_path / "stopped")
+    in_process(stopped, tiny_data, *sampling, "train.max_steps=20")
+    twin = tmp_path / "twin"
+    shutil.copytree(stopped, twin)
+    for run_dir in (stopped, twin):  # each resume would draw a different sample if it did not reload the saved one
+        in_process(run_dir, tiny_data, *sampling, "train.max_steps=40", resume=True)
+    assert metrics(stopped)[-1]["epoch"] == 1
+    assert bitwise_equal(final_weights(stopped), final_weights(twin))
+    assert run_tcli(*train_args(stopped, tiny_data, "--overwrite", "--set", "train.max_steps=1")).returncode == 0
+    assert not (stopped / "subword").exists()  # --overwrite without sampling leaves no stale samples behind
 
 
 def test_refusals(baseline, tiny_data, tmp_path):

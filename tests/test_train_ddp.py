@@ -46,3 +46,17 @@ def test_two_ranks_match_one_process_with_update_freq_2(tiny_data, tmp_path):  #
     assert [s for s, _ in a] == [s for s, _ in b] == [5, 10, 15, 15]
     for (_, x), (_, y) in zip(a, b):
         assert x == pytest.approx(y, rel=REL_TOLERANCE)
+
+
+def test_two_ranks_train_on_the_one_subword_sample_rank_0_draws(tiny_data, tmp_path):  # noqa: F811
+    """Under subword sampling rank 0 draws and saves the epoch's sample and both ranks load it: the run
+    steps in lockstep (different samples would give the ranks different batch lists) and resumes."""
+    run_dir = tmp_path / "ddp_sampled"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "transformer_cli", "train", "--config", "configs/smoke.yaml", "--run-dir", str(run_dir),
+           *settings(tiny_data), "--set", "train.subword_alpha=0.1", "--set", "train.max_steps=10"]
+    ddp = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert ddp.returncode == 0, ddp.stdout + ddp.stderr
+    assert ddp.stderr.count("subword sampling: epoch 1 resampled") == 1  # drawn once, by rank 0
+    assert json.loads(ddp.stdout.strip().splitlines()[-1])["step"] == 10
+    assert [p.name for p in (run_dir / "subword").iterdir()] == ["epoch_00001.npz"]

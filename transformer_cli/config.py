@@ -96,6 +96,8 @@ class TrainConfig:
     warmup_steps: int = 4000  # linear warmup updates
     min_lr: float = 0.0  # cosine floor
     label_smoothing: float = 0.1  # label smoothing of the cross-entropy
+    subword_alpha: float = 0.0  # > 0: a new sampled segmentation each epoch (unigram: sharpness; bpe: dropout)
+    subword_nbest: int = -1  # unigram: sample among the n best segmentations (-1 = all)
     clip_norm: float = 1.0  # 0 = no clipping
     max_steps: int = 0  # 0 = no limit
     max_epochs: int = 0  # 0 = no limit
@@ -184,7 +186,7 @@ POSITIVE = {
 NON_NEGATIVE = {
     "data.max_train_pairs", "data.max_ratio", "train.threads", "train.warmup_steps",
     "train.weight_decay", "train.min_lr", "train.clip_norm", "train.max_steps",
-    "train.max_epochs", "train.max_minutes", "train.patience", "train.eps", "decode.max_len_a",
+    "train.max_epochs", "train.max_minutes", "train.patience", "train.eps", "train.subword_alpha", "decode.max_len_a",
     "decode.max_len_b", "decode.min_len", "decode.top_k", "decode.seed", "decode.threads",
 }
 UNIT_INTERVAL = {"model.dropout", "model.attention_dropout", "train.label_smoothing"}  # [0, 1)
@@ -299,6 +301,11 @@ def validate(cfg: Config, where: str = "config") -> None:
         raise ConfigError(f"{where}: key 'decode.top_p' must be in (0, 1]")
     if len(cfg.train.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in cfg.train.betas):
         raise ConfigError(f"{where}: key 'train.betas' must be two numbers in [0, 1), got {cfg.train.betas}")
+    if cfg.train.subword_nbest == 0 or cfg.train.subword_nbest < -1:
+        raise ConfigError(f"{where}: key 'train.subword_nbest' must be -1 (all) or >= 1, got {cfg.train.subword_nbest}")
+    if cfg.tokenizer.model_type == "bpe" and cfg.train.subword_alpha >= 1:
+        raise ConfigError(f"{where}: key 'train.subword_alpha' is the BPE-dropout probability for a bpe "
+                          f"tokenizer and must be < 1, got {cfg.train.subword_alpha}")
     if cfg.data.src_lang == cfg.data.tgt_lang:
         raise ConfigError(f"{where}: keys 'data.src_lang' and 'data.tgt_lang' must differ")
     if m.tie_embeddings and not cfg.tokenizer.joint:

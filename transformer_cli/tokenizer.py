@@ -39,6 +39,13 @@ def _as_list(ids) -> list[int]:
     return ids.tolist() if hasattr(ids, "tolist") else [int(i) for i in ids]  # numpy/torch ints too
 
 
+def _encode(sp, texts: Sequence[str], num_threads: int, alpha: float, nbest: int) -> list[list[int]]:
+    if alpha > 0:
+        return sp.encode(list(texts), out_type=int, num_threads=num_threads, enable_sampling=True,
+                         alpha=alpha, nbest_size=nbest)
+    return sp.encode(list(texts), out_type=int, num_threads=num_threads)
+
+
 class Tokenizer:
     """A source and a target sentencepiece model (the same object when the vocabulary is joint)."""
 
@@ -55,13 +62,13 @@ class Tokenizer:
     def tgt_vocab_size(self) -> int:
         return self.tgt_sp.get_piece_size()
 
-    def encode_src(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
-        """Source texts to bare subword ids (no BOS/EOS)."""
-        return self.src_sp.encode(list(texts), out_type=int, num_threads=num_threads)
+    def encode_src(self, texts: Sequence[str], num_threads: int = 1, alpha: float = 0.0, nbest: int = -1) -> list[list[int]]:
+        """Source texts to bare subword ids (no BOS/EOS); alpha > 0 samples a segmentation (see subword.py)."""
+        return _encode(self.src_sp, texts, num_threads, alpha, nbest)
 
-    def encode_tgt(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
-        """Target texts to bare subword ids (no BOS/EOS)."""
-        return self.tgt_sp.encode(list(texts), out_type=int, num_threads=num_threads)
+    def encode_tgt(self, texts: Sequence[str], num_threads: int = 1, alpha: float = 0.0, nbest: int = -1) -> list[list[int]]:
+        """Target texts to bare subword ids (no BOS/EOS); alpha > 0 samples a segmentation (see subword.py)."""
+        return _encode(self.tgt_sp, texts, num_threads, alpha, nbest)
 
     def decode_src(self, ids_list: Iterable) -> list[str]:
         """Source ids back to text; pad/bos/eos are dropped."""

@@ -47,7 +47,7 @@ RESUMABLE_KEYS = {
     "train.threads", "train.valid_beam", "train.compile",
 }
 RESUMABLE_SECTIONS = {"decode", "eval"}
-RUN_ARTIFACTS = ("checkpoints", "metrics.jsonl", "tensorboard", "training.png")
+RUN_ARTIFACTS = ("checkpoints", "metrics.jsonl", "tensorboard", "training.png", "subword")
 
 
 @dataclass
@@ -324,8 +324,8 @@ class Trainer:
         self._collate, self._token_batches = collate, token_batches
         self.train_split, self.valid_split = load_split(run_dir, "train"), load_split(run_dir, "valid")
         self.tokenizer = Tokenizer.load(run_dir / "tokenizer")
-        self.src_lens = self.train_split.src_lens + 1  # + EOS
-        self.tgt_lens = self.train_split.tgt_lens + 1  # + BOS (input) / EOS (labels)
+        self._epoch_data: tuple[int, object] | None = None  # (epoch, its split) under subword sampling
+        self.bar = self.tb = None
         torch.manual_seed(self.t.seed)  # the same initial weights on every rank
         self.model = build_model(cfg, self.tokenizer.src_vocab_size, self.tokenizer.tgt_vocab_size).to(self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -338,14 +338,35 @@ class Trainer:
         self.records: list[dict] = []
         self.signal: int | None = None
         self.last_saved_step: int | None = None
-        self.bar = self.tb = None
         torch.manual_seed(self.t.seed + 1000 * dist.rank)  # dropout streams differ between ranks
 
     # -- data
 
+    def epoch_split(self, epoch: int):
+        """The training split of this epoch: the prepared one, or its sampled segmentation (subword.py)."""
+        if not self.t.subword_alpha:
+            return self.train_split
+        if self._epoch_data is None or self._epoch_data[0] != epoch:
+            from . import subword
+
+            def draw() -> None:  # rank 0 draws and saves; a resumed run finds the epoch's sample saved
+                if subword.load_sample(self.run_dir, epoch, self.train_split) is None:
+                    start = time.perf_counter()
+                    split = subword.sampled_split(self.train_split, self.tokenizer, self.cfg)
+                    subword.save_sample(self.run_dir, epoch, split)
+                    self.log(f"subword sampling: epoch {epoch} resampled in {time.perf_counter() - start:.1f}s, "
+                             f"{subword.mean_growth(self.train_split, split):.2f}x the prepared tokens")
+
+            self.dist.on_main(draw)
+            self.dist.barrier()
+            self._epoch_data = (epoch, subword.load_sample(self.run_dir, epoch, self.train_split))
+        return self._epoch_data[1]
+
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
         """The epoch's batches (index arrays), cut to a multiple of world so all ranks step together."""
-        batches = self._token_batches(self.src_lens, self.tgt_lens, self.t.max_tokens, self.t.seed, epoch, shuffle=True)
+        split = self.epoch_split(epoch)
+        batches = self._token_batches(split.src_lens + 1, split.tgt_lens + 1, self.t.max_tokens, self.t.seed, epoch,
+                                      shuffle=True)  # + EOS on the source, + BOS/EOS on the target
         batches = batches[: len(batches) - len(batches) % self.dist.world]
         if not batches:
             raise DataError(f"{self.run_dir / 'data'}: the training split gives fewer batches than the "
@@ -362,13 +383,14 @@ class Trainer:
             return min(self.t.max_steps, by_epochs)
         return self.t.max_steps or by_epochs
 
-    def updates(self, batches: list[np.ndarray], start: int):
+    def updates(self, split, batches: list[np.ndarray], start: int):
         """(position after, global target tokens, this rank's collated batches) for each update from `start`."""
         span = self.dist.world * self.t.update_freq
+        tgt_lens = split.tgt_lens + 1
         for pos in range(start, len(batches), span):
             chunk = batches[pos: pos + span]
-            tokens = int(sum(self.tgt_lens[idx].sum() for idx in chunk))
-            mine = [self._collate(self.train_split, idx) for idx in chunk[self.dist.rank:: self.dist.world]]
+            tokens = int(sum(tgt_lens[idx].sum() for idx in chunk))
+            mine = [self._collate(split, idx) for idx in chunk[self.dist.rank:: self.dist.world]]
             yield pos + len(chunk), tokens, mine
 
     # -- state
@@ -591,10 +613,10 @@ class Trainer:
                 return self._finish("max_steps")
             if t.patience and p.bad_validations >= t.patience:
                 return "patience"
-            batches = self.epoch_batches(p.epoch)
+            split, batches = self.epoch_split(p.epoch), self.epoch_batches(p.epoch)
             if self.bar is not None:
                 self.bar.set_description(f"epoch {p.epoch}")
-            for position, tokens, mine in prefetch(self.updates(batches, p.position)):
+            for position, tokens, mine in prefetch(self.updates(split, batches, p.position)):
                 lr = self.train_update(mine, tokens, loss_acc, model)
                 p.step, p.position = p.step + 1, position
                 p.wall_s = time.perf_counter() - start
