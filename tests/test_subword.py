@@ -77,7 +77,8 @@ def test_pairs_a_sample_makes_too_long_keep_their_prepared_segmentation(setup):
     tok, split = setup
     cfg = cfg_with(subword_nbest=-1, subword_alpha=0.05)  # nearly uniform: about twice the tokens
     cfg.data.max_len = 20
-    sample = sampled_split(split, tok, cfg)
+    sample = sampled_split(split, tok, cfg, chunk=700)  # chunks that do not divide the 3,000 pairs
+    assert len(sample) == len(split)
     same = [sample.src[i].tolist() == split.src[i].tolist() and sample.tgt[i].tolist() == split.tgt[i].tolist()
             for i in range(len(split))]
     fits = [len(sample.src[i]) <= 20 and len(sample.tgt[i]) <= 20 for i in range(len(split))]

@@ -27,16 +27,21 @@ from .tokenizer import Tokenizer
 FOLDER = "subword"
 
 
-def sampled_split(split: EncodedSplit, tokenizer: Tokenizer, cfg: Config) -> EncodedSplit:
+def sampled_split(split: EncodedSplit, tokenizer: Tokenizer, cfg: Config, chunk: int = 1 << 16) -> EncodedSplit:
     """The training split re-encoded with a sampled segmentation; pairs it would push past data.max_len keep theirs."""
     t, d = cfg.train, cfg.data
     norm = normalize if d.normalize_whitespace else (lambda x: x)  # the text as `prepare` encoded it
-    src = tokenizer.encode_src([norm(x) for x in split.src_text], d.num_proc, t.subword_alpha, t.subword_nbest)
-    tgt = tokenizer.encode_tgt([norm(x) for x in split.tgt_text], d.num_proc, t.subword_alpha, t.subword_nbest)
-    for i in range(len(src)):
-        if len(src[i]) > d.max_len or len(tgt[i]) > d.max_len:
-            src[i], tgt[i] = split.src[i].tolist(), split.tgt[i].tolist()
-    return EncodedSplit(Ragged.from_lists(src), Ragged.from_lists(tgt), split.text_path)
+    src_parts, tgt_parts = [], []
+    for start in range(0, len(split), chunk):  # in chunks, so a large corpus never exists as one list of ints
+        src_text, tgt_text = split.src_text[start:start + chunk], split.tgt_text[start:start + chunk]
+        src = tokenizer.encode_src([norm(x) for x in src_text], d.num_proc, t.subword_alpha, t.subword_nbest)
+        tgt = tokenizer.encode_tgt([norm(x) for x in tgt_text], d.num_proc, t.subword_alpha, t.subword_nbest)
+        for i in range(len(src)):
+            if len(src[i]) > d.max_len or len(tgt[i]) > d.max_len:
+                src[i], tgt[i] = split.src[start + i].tolist(), split.tgt[start + i].tolist()
+        src_parts.append(Ragged.from_lists(src))
+        tgt_parts.append(Ragged.from_lists(tgt))
+    return EncodedSplit(Ragged.concat(src_parts), Ragged.concat(tgt_parts), split.text_path)
 
 
 def sample_path(run_dir: Path, epoch: int) -> Path:
