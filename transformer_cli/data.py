@@ -135,20 +135,27 @@ def load_split(run_dir: str | Path, name: str) -> EncodedSplit:
     if not path.is_file():
         raise DataError(f"{path}: the {name} split is not prepared; run `tcli prepare` with this run dir")
     try:
-        with np.load(path) as z:
-            src, tgt = Ragged(z["src_ids"], z["src_offsets"]), Ragged(z["tgt_ids"], z["tgt_offsets"])
+        src, tgt = read_ids(path)
     except (OSError, ValueError, KeyError) as e:
         raise DataError(f"{path}: cannot read the encoded split ({e}); rerun `tcli prepare`") from None
     return EncodedSplit(src, tgt, path.with_suffix(".text.json"))
 
 
-def _save_split(folder: Path, name: str, src: Ragged, tgt: Ragged, src_text: list, tgt_text: list) -> None:
-    def save(tmp: Path) -> None:
+def read_ids(path: Path) -> tuple[Ragged, Ragged]:
+    """The source and target ids of an .npz that `write_ids` wrote (OSError/ValueError/KeyError if it is not one)."""
+    with np.load(path) as z:
+        return Ragged(z["src_ids"], z["src_offsets"]), Ragged(z["tgt_ids"], z["tgt_offsets"])
+
+
+def write_ids(path: Path, src: Ragged, tgt: Ragged) -> None:
+    """Write source and target ids as one .npz, atomically."""
+    with atomic_path(path) as tmp:
         with open(tmp, "wb") as f:
             np.savez(f, src_ids=src.flat, src_offsets=src.offsets, tgt_ids=tgt.flat, tgt_offsets=tgt.offsets)
 
-    with atomic_path(folder / f"{name}.npz") as tmp:
-        save(tmp)
+
+def _save_split(folder: Path, name: str, src: Ragged, tgt: Ragged, src_text: list, tgt_text: list) -> None:
+    write_ids(folder / f"{name}.npz", src, tgt)
     atomic_write_text(folder / f"{name}.text.json", json.dumps({"src": src_text, "tgt": tgt_text}, ensure_ascii=False))
 
 

@@ -19,9 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from .config import Config
-from .data import EncodedSplit, Ragged, normalize
+from .data import EncodedSplit, Ragged, normalize, read_ids, write_ids
 from .errors import DataError
-from .io_utils import atomic_path
 from .tokenizer import Tokenizer
 
 FOLDER = "subword"
@@ -51,10 +50,7 @@ def sample_path(run_dir: Path, epoch: int) -> Path:
 def save_sample(run_dir: Path, epoch: int, split: EncodedSplit) -> None:
     """Write the epoch's sample atomically; keep it, the previous epoch's (the last checkpoint may be in it)
     and epoch 1's (its batch count plans the schedule, so a resumed run must plan with the same one)."""
-    with atomic_path(sample_path(run_dir, epoch)) as tmp:
-        with open(tmp, "wb") as f:
-            np.savez(f, src_ids=split.src.flat, src_offsets=split.src.offsets,
-                     tgt_ids=split.tgt.flat, tgt_offsets=split.tgt.offsets)
+    write_ids(sample_path(run_dir, epoch), split.src, split.tgt)
     for old in (Path(run_dir) / FOLDER).glob("epoch_*.npz"):
         if "epoch_00001" < old.stem < f"epoch_{epoch - 1:05d}":
             old.unlink(missing_ok=True)
@@ -66,8 +62,7 @@ def load_sample(run_dir: Path, epoch: int, split: EncodedSplit) -> EncodedSplit 
     if not path.is_file():
         return None
     try:
-        with np.load(path) as z:
-            src, tgt = Ragged(z["src_ids"], z["src_offsets"]), Ragged(z["tgt_ids"], z["tgt_offsets"])
+        src, tgt = read_ids(path)
     except (OSError, ValueError, KeyError) as e:
         raise DataError(f"{path}: cannot read the saved subword sample ({e}); delete it to draw a new one") from None
     if len(src) != len(split) or len(tgt) != len(split):

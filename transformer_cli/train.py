@@ -350,7 +350,7 @@ class Trainer:
             from . import subword
 
             def draw() -> None:  # rank 0 draws and saves; a resumed run finds the epoch's sample saved
-                if subword.load_sample(self.run_dir, epoch, self.train_split) is None:
+                if not subword.sample_path(self.run_dir, epoch).is_file():
                     start = time.perf_counter()
                     split = subword.sampled_split(self.train_split, self.tokenizer, self.cfg)
                     subword.save_sample(self.run_dir, epoch, split)
