@@ -113,24 +113,39 @@ def command_line(measured: dict, drop: tuple[str, ...] = ()) -> str:
     return shlex.join(w for w in measured["command"] if w not in drop)
 
 
+def ensemble_members(command: list[str]) -> list[Path]:
+    """The --ensemble run dirs of a measured `tcli eval` command line."""
+    return [Path(command[i + 1]) for i, word in enumerate(command[:-1]) if word == "--ensemble"]
+
+
 def record(run_dir: Path, config: str, mode: str) -> list[dict]:
-    """One result per decoded checkpoint of a run, from run_dir/bench/*.json, config.yaml and metrics.jsonl."""
+    """One result per decoded checkpoint of a run, from run_dir/bench/*.json, config.yaml and metrics.jsonl.
+
+    An ensemble's result (eval.<ckpt>.ensembleN.json) counts the training of all its members:
+    minutes, steps and epochs are their sums, the command trains every member.
+    """
     from transformer_cli.config import load_config
 
     bench = run_dir / "bench"
     cfg = load_config(run_dir / "config.yaml")
     summary = last_json(bench / "train.stdout") or {}
     train_mem = read_json(bench / "train.measure.json")
+    no_rerun = ("--resume", "--overwrite")
     common = {
         "direction": f"{cfg.data.src_lang}-{cfg.data.tgt_lang}", "test_set": cfg.data.test_split, "mode": mode,
-        "hardware": hardware(), "config": config, "command": command_line(train_mem, ("--resume", "--overwrite")),
+        "hardware": hardware(), "config": config, "command": command_line(train_mem, no_rerun),
         "run_dir": str(run_dir), **metrics_summary(run_dir), "train_stopped": summary.get("stopped"),
         "train_peak_rss_mb": train_mem["peak_rss_mb"],
         "train_threads": cfg.train.threads or os.cpu_count(),  # 0 in a config = one per core
+        "seed": cfg.train.seed,
     }
+    if Path(config).is_file() and load_config(config).train.seed != cfg.train.seed:
+        common["seed_override"] = True  # trained with another seed than the config's (benchmark.sh --seeds)
     out = []
-    order = {"best": 0, "averaged": 1}  # best first, then averaged, then any other checkpoint by name
-    for path in sorted(bench.glob("eval.*.json"), key=lambda p: (order.get(p.name.split(".")[1], 2), p.name)):
+    # best first, then averaged, then any other checkpoint by name; each checkpoint before its ensemble
+    order = {"best": 0, "averaged": 1}
+    for path in sorted(bench.glob("eval.*.json"),
+                       key=lambda p: (order.get(p.name.split(".")[1], 2), p.name.count("."), p.name)):
         if path.name.endswith(".measure.json"):
             continue
         name = path.name[len("eval."):-len(".json")]
@@ -145,8 +160,21 @@ def record(run_dir: Path, config: str, mode: str) -> list[dict]:
             "chrf_signature": scores["chrf_signature"],
             "eval_command": command_line(mem), "eval_wall_s": mem["wall_s"], "eval_peak_rss_mb": mem["peak_rss_mb"],
         }
-        if name == "averaged":
+        if name.split(".")[0] == "averaged":
             rec["averaged"] = read_json(run_dir / "checkpoints" / "averaged" / "info.json")["averaged"]
+        if scores.get("ensemble"):
+            runs = [run_dir, *ensemble_members(mem["command"])]
+            trains = [read_json(r / "bench" / "train.measure.json") for r in runs]
+            sums = [metrics_summary(r) for r in runs]
+            rec.update(
+                ensemble=[str(r) for r in runs], ensemble_checkpoints=scores["ensemble"],
+                command=" && ".join(command_line(t, no_rerun) for t in trains),
+                train_minutes=round(sum(x["train_minutes"] for x in sums), 2),
+                train_steps=sum(x["train_steps"] or 0 for x in sums),
+                train_epochs=sum(x["train_epochs"] or 0 for x in sums),
+                train_peak_rss_mb=max(t["peak_rss_mb"] for t in trains),
+                seed=[load_config(r / "config.yaml").train.seed for r in runs],
+            )
         out.append(rec)
     if not out:
         sys.exit(f"benchmark: {bench} holds no eval.*.json; run the eval step first")
@@ -231,8 +259,11 @@ def fmt(value, digits: int = 2) -> str:
 
 
 def checkpoint_label(r: dict) -> str:
-    """'best', or 'averaged (N ckpts)' for an averaged checkpoint."""
-    return r["checkpoint"] + (f" ({len(r['averaged'])} ckpts)" if r.get("averaged") else "")
+    """'best', 'averaged (N ckpts)', '..., seed S' for another seed, 'ensemble of M x ...' for an ensemble."""
+    label = r["checkpoint"].split(".")[0] + (f" ({len(r['averaged'])} ckpts)" if r.get("averaged") else "")
+    if r.get("ensemble"):
+        return f"ensemble of {len(r['ensemble'])} x {label}, seeds {', '.join(map(str, r['seed']))}"
+    return label + (f", seed {r['seed']}" if r.get("seed_override") else "")
 
 
 def quality_table(results: list[dict]) -> list[str]:
@@ -251,7 +282,7 @@ def run_table(results: list[dict]) -> list[str]:
              "eval wall s (test set, model load included) | eval sentences/s | eval peak RSS MB |",
              "|---|---|---|---|---|---|---|"]
     for r in results:
-        lines.append(f"| {r['direction']} | {r['checkpoint']} | {fmt(r.get('train_tgt_tokens_per_s'))} | "
+        lines.append(f"| {r['direction']} | {checkpoint_label(r)} | {fmt(r.get('train_tgt_tokens_per_s'))} | "
                      f"{fmt(r['train_peak_rss_mb'], 0)} | {fmt(r['eval_wall_s'], 1)} | "
                      f"{fmt(r['num_sentences'] / r['eval_wall_s'], 1)} | {fmt(r['eval_peak_rss_mb'], 0)} |")
     return lines

@@ -7,6 +7,7 @@
 #
 #   scripts/benchmark.sh                       # de-en, en-de, en-fr with the shipped configs -> docs/
 #   scripts/benchmark.sh --jobs 3 --no-speed   # the same, three trainings at once
+#   scripts/benchmark.sh --seeds 2 --jobs 3    # also seed 2 of each config, and the 2-model ensembles
 #   scripts/benchmark.sh --configs configs/multi30k_de_en_cpu60.yaml
 #   scripts/benchmark.sh --quick               # smoke test: configs/smoke.yaml, 60 updates, output in /tmp
 set -euo pipefail
@@ -28,15 +29,17 @@ usage: scripts/benchmark.sh [options]
   --average N                average the last N periodic checkpoints (default: 5)
   --beam N                   beam size for the test set (default: 5)
   --no-speed                 skip scripts/bench_train.py and scripts/bench_decode.py
-  --jobs N                   run up to N configs at once (default: 1); each one's progress then
-                             goes to RUNS/<config name>/bench/log. Give each run its own core
+  --jobs N                   run up to N trainings at once (default: 1); each one's progress then
+                             goes to RUNS/<run name>/bench/log. Give each run its own core
                              (train.threads: 1 in the config, or --set train.threads=1)
+  --seeds N                  also train each config with train.seed=2..N (RUNS/<config name>_seedK)
+                             and decode the test set with the ensemble of the N runs (default: 1)
   --force                    redo finished runs (tcli train --overwrite) and the speed runs
 EOF
 }
 
 cd "$(dirname "$0")/.."
-QUICK=0 FORCE=0 SPEED=1 AVERAGE=5 BEAM=5 JOBS=1 CONFIGS="" RUNS="" OUT="" DOC="" README=""
+QUICK=0 FORCE=0 SPEED=1 AVERAGE=5 BEAM=5 JOBS=1 SEEDS=1 CONFIGS="" RUNS="" OUT="" DOC="" README=""
 SETS=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -51,6 +54,7 @@ while [[ $# -gt 0 ]]; do
     --beam) BEAM="$2"; shift 2 ;;
     --no-speed) SPEED=0; shift ;;
     --jobs) JOBS="$2"; shift 2 ;;
+    --seeds) SEEDS="$2"; shift 2 ;;
     --force) FORCE=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "benchmark: unknown option '$1'" >&2; usage >&2; exit 2 ;;
@@ -86,19 +90,32 @@ log() { echo "benchmark: $*" >&2; }
 step_start=$SECONDS
 elapsed() { echo "$((SECONDS - step_start))s"; }
 
+# run_name CONFIG SEED: the config's name, with _seedK for an extra seed (--seeds)
+run_name() {
+  local stem
+  stem=$(basename "$1" .yaml)
+  if (( $2 > 1 )); then echo "${stem}_seed$2"; else echo "$stem"; fi
+}
+
+# run_config CONFIG SEED: train (seed 1 = the config's own seed), average, decode, record
 run_config() {
-  local config=$1 stem run bench n ck
-  stem=$(basename "$config" .yaml)
+  local config=$1 seed=$2 stem run bench n ck
+  stem=$(run_name "$config" "$seed")
   run="$RUNS/$stem"
   bench="$run/bench"
+  local plot=1 seed_args=()
+  if (( seed > 1 )); then plot=0; seed_args=(--set "train.seed=$seed"); fi  # curves of the config's run only
   if [[ -f $bench/result.json && $FORCE == 0 ]]; then
     log "$stem: skipped, $bench/result.json exists (--force to redo)"
     # the curves may have gone to another --out in the run that measured it
-    [[ -f $OUT/training_$stem.png ]] || "${TCLI[@]}" plot --run-dir "$run" -o "$OUT/training_$stem.png" >&2
+    if [[ $plot == 1 && ! -f $OUT/training_$stem.png ]]; then
+      "${TCLI[@]}" plot --run-dir "$run" -o "$OUT/training_$stem.png" >&2
+    fi
     return
   fi
   mkdir -p "$bench"
-  local train=("${TCLI[@]}" train --config "$config" --run-dir "$run" ${SET_ARGS[@]+"${SET_ARGS[@]}"})
+  local train=("${TCLI[@]}" train --config "$config" --run-dir "$run" ${SET_ARGS[@]+"${SET_ARGS[@]}"}
+               ${seed_args[@]+"${seed_args[@]}"})
   if [[ $FORCE == 1 ]]; then
     rm -f "$bench"/*.json "$bench"/*.tmp "$bench"/train.stdout
     train+=(--overwrite)
@@ -130,33 +147,58 @@ run_config() {
       > "$bench/eval.$ck.json.tmp"
     mv "$bench/eval.$ck.json.tmp" "$bench/eval.$ck.json"
   done
-  "${TCLI[@]}" plot --run-dir "$run" -o "$OUT/training_$stem.png" >&2
+  if [[ $plot == 1 ]]; then "${TCLI[@]}" plot --run-dir "$run" -o "$OUT/training_$stem.png" >&2; fi
   "${PY[@]}" record --run-dir "$run" --config "$config" --mode "$MODE"
   log "$stem: done ($(elapsed))"
 }
 
+# ensemble_config CONFIG: decode the test set with the ensemble of the config's SEEDS runs
+ensemble_config() {
+  local config=$1 stem run bench ck name k members=()
+  stem=$(basename "$config" .yaml)
+  run="$RUNS/$stem"
+  bench="$run/bench"
+  ck=best; [[ -d $run/checkpoints/averaged ]] && ck=averaged
+  for ((k = 2; k <= SEEDS; k++)); do members+=(--ensemble "$RUNS/$(run_name "$config" "$k")"); done
+  name="$ck.ensemble$SEEDS"
+  if [[ ! -f $bench/eval.$name.json || $FORCE == 1 ]]; then
+    log "$stem: decoding the test set with the ensemble of $SEEDS seeds ($ck checkpoints), beam $BEAM"
+    "${PY[@]}" measure --json "$bench/eval.$name.measure.json" -- \
+      "${TCLI[@]}" eval --run-dir "$run" --split test --checkpoint "$ck" "${members[@]}" --beam "$BEAM" --json \
+      --quiet > "$bench/eval.$name.json.tmp"
+    mv "$bench/eval.$name.json.tmp" "$bench/eval.$name.json"
+  fi
+  "${PY[@]}" record --run-dir "$run" --config "$config" --mode "$MODE"
+}
+
 [[ $JOBS =~ ^[1-9][0-9]*$ ]] || { log "--jobs must be a positive integer, got '$JOBS'"; exit 2; }
+[[ $SEEDS =~ ^[1-9][0-9]*$ ]] || { log "--seeds must be a positive integer, got '$SEEDS'"; exit 2; }
 for config in $CONFIGS; do
   [[ -f $config ]] || { log "config $config not found"; exit 2; }
 done
+TASKS=()  # CONFIG:SEED, every seed of a config next to each other
+for config in $CONFIGS; do
+  for ((k = 1; k <= SEEDS; k++)); do TASKS+=("$config:$k"); done
+done
 if (( JOBS == 1 )); then
-  for config in $CONFIGS; do run_config "$config"; done
+  for task in "${TASKS[@]}"; do run_config "${task%:*}" "${task##*:}"; done
 else
-  # Each config in a background subshell that leaves its exit status in bench/exit; at most JOBS
+  # Each training in a background subshell that leaves its exit status in bench/exit; at most JOBS
   # run at once. Every run finishes (or fails) before the report, which needs them all.
-  for config in $CONFIGS; do
+  for task in "${TASKS[@]}"; do
     while (( $(jobs -rp | wc -l) >= JOBS )); do wait -n || true; done
-    stem=$(basename "$config" .yaml)
+    stem=$(run_name "${task%:*}" "${task##*:}")
     mkdir -p "$RUNS/$stem/bench"
     rm -f "$RUNS/$stem/bench/exit"
     log "$stem: started, progress in $RUNS/$stem/bench/log"
     # appended, not truncated: a rerun that skips a finished run keeps the log of its training
-    (set +e; (set -e; run_config "$config") 2>> "$RUNS/$stem/bench/log"; echo $? > "$RUNS/$stem/bench/exit") &
+    (set +e; (set -e; run_config "${task%:*}" "${task##*:}") 2>> "$RUNS/$stem/bench/log"
+     echo $? > "$RUNS/$stem/bench/exit") &
   done
   wait
   failed=0
-  for config in $CONFIGS; do
-    stem=$(basename "$config" .yaml)
+  for task in "${TASKS[@]}"; do
+    stem=$(run_name "${task%:*}" "${task##*:}")
     status=$(cat "$RUNS/$stem/bench/exit" 2>/dev/null || echo "?")
     if [[ $status != 0 ]]; then
       log "$stem: failed (exit $status); the end of $RUNS/$stem/bench/log:"
@@ -167,6 +209,9 @@ else
     fi
   done
   (( failed == 0 )) || exit 1
+fi
+if (( SEEDS > 1 )); then
+  for config in $CONFIGS; do ensemble_config "$config"; done
 fi
 
 # One cross-attention heatmap: the first config's run, the averaged checkpoint when there is one.
@@ -209,7 +254,7 @@ if [[ $SPEED == 1 ]]; then
 fi
 
 RUN_DIRS=()
-for config in $CONFIGS; do RUN_DIRS+=("$RUNS/$(basename "$config" .yaml)"); done
+for task in "${TASKS[@]}"; do RUN_DIRS+=("$RUNS/$(run_name "${task%:*}" "${task##*:}")"); done
 "${PY[@]}" report --results "$OUT/results.json" --doc "$DOC" --readme "$README" ${SPEED_ARGS[@]+"${SPEED_ARGS[@]}"} \
   "${FIGURES[@]}" "${RUN_DIRS[@]}"
 log "finished in $(elapsed) ($MODE mode): $OUT/results.json, $DOC, $README"

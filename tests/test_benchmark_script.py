@@ -227,3 +227,31 @@ def test_decode_rows_reads_bench_decode_lines_and_tables(tmp_path):
     log.write_text("model: x\nsomething else\n")
     with pytest.raises(SystemExit, match="bench_decode.py change its output"):
         benchmark.decode_rows(log)
+
+
+def test_seeds_trains_another_seed_and_reports_the_ensemble(pipeline, tmp_path):
+    """--seeds 2: the finished run is kept, seed 2 trains beside it, the two decode the test set together."""
+    out = tmp_path / "out"
+    r = run_benchmark("--quick", "--seeds", "2", "--jobs", "2", "--configs", str(pipeline["config"]),
+                      "--runs", str(pipeline["runs"]), "--out", str(out), "--no-speed",
+                      "--set", "train.max_steps=20", "--set", "train.valid_every=10")
+    assert r.returncode == 0, r.stderr[-3000:]
+    seed2 = pipeline["runs"] / "tiny_seed2"
+    assert "train.seed=2" in (seed2 / "bench" / "log").read_text()
+    assert "seed: 2" in (seed2 / "config.yaml").read_text()
+    rows = json.loads((out / "results.json").read_text())
+    assert [(Path(x["run_dir"]).name, x["checkpoint"]) for x in rows] == [
+        ("tiny", "best"), ("tiny", "averaged"), ("tiny", "averaged.ensemble2"),
+        ("tiny_seed2", "best"), ("tiny_seed2", "averaged")]
+    single, ens, other = rows[1], rows[2], rows[4]
+    hyp = pipeline["run"] / "hyps" / "test.averaged.ensemble2.txt"
+    assert ens["bleu"] == round(score_files(hyp, pipeline["run"] / "hyps" / "test.ref.txt")["bleu"], 2)
+    assert ens["ensemble"] == [str(pipeline["run"]), str(seed2)] and ens["seed"] == [1, 2]
+    assert ens["train_minutes"] == pytest.approx(single["train_minutes"] + other["train_minutes"], abs=0.011)
+    assert ens["train_steps"] == single["train_steps"] + other["train_steps"]
+    assert ens["command"] == f"{single['command']} && {other['command']}" and "train.seed=2" in ens["command"]
+    assert f"--ensemble {seed2}" in ens["eval_command"]
+    readme = (out / "README.md").read_text()
+    assert "| ensemble of 2 x averaged (2 ckpts), seeds 1, 2 |" in readme
+    assert "| averaged (2 ckpts), seed 2 |" in readme
+    assert not (out / "training_tiny_seed2.png").exists()  # curves of the config's own run only

@@ -189,6 +189,7 @@ DeviceOpt = typer.Option(None, "--device", help="auto | cpu | cuda | cuda:N | mp
 PrecisionOpt = typer.Option(None, "--precision", help="fp32 | bf16 | fp16 (default: decode.precision).")
 MaxTokensOpt = typer.Option(None, "--max-tokens", help="Padded source tokens per batch (default: decode.max_tokens).")
 ThreadsOpt = typer.Option(None, "--threads", help="CPU threads for torch (default: decode.threads; 0 = torch's default).")
+EnsembleOpt = typer.Option(None, "--ensemble", help="Another run dir (same tokenizer and direction) whose same checkpoint decodes together with --run-dir's, averaging probabilities (repeatable).")
 
 
 @app.command()
@@ -207,6 +208,7 @@ def translate(
     threads: Optional[int] = ThreadsOpt,
     buffer_size: Optional[int] = typer.Option(None, "--buffer-size", help="Lines read before translating them (default: 1 on a terminal, else 1000)."),
     sets: Optional[List[str]] = typer.Option(None, "--set", help="Override a decode key: --set decode.temperature=0.7 (repeatable)."),
+    ensemble: Optional[List[Path]] = EnsembleOpt,
     quiet: bool = QuietOpt,
 ) -> None:
     """Translate text line by line (stdin or -i) to stdout or -o, in input order; empty lines stay empty."""
@@ -217,7 +219,7 @@ def translate(
         raise ConfigError(f"--buffer-size must be >= 1, got {buffer_size}")
     decode = {**decode_overrides(sets), **dict(beam=beam, alpha=alpha, max_tokens=max_tokens, nbest=nbest,
                                                  sampling=sampling, precision=precision, threads=threads)}
-    translator = Translator.from_run_dir(run_dir, checkpoint, device=device, decode=decode)
+    translator = Translator.from_run_dir(run_dir, checkpoint, device=device, decode=decode, ensemble=ensemble or ())
     nbest = translator.decode_cfg.nbest
     if nbest > translator.decode_cfg.beam:
         raise ConfigError(f"--nbest {nbest} exceeds the beam size {translator.decode_cfg.beam}; raise --beam")
@@ -253,6 +255,7 @@ def eval_cmd(
     device: Optional[str] = DeviceOpt,
     precision: Optional[str] = PrecisionOpt,
     threads: Optional[int] = ThreadsOpt,
+    ensemble: Optional[List[Path]] = EnsembleOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the scores as JSON."),
     quiet: bool = QuietOpt,
 ) -> None:
@@ -263,6 +266,8 @@ def eval_cmd(
 
     if (hyp is None) != (ref is None):
         raise ConfigError("--hyp and --ref go together; give both files, or neither to decode a split")
+    if hyp is not None and ensemble:
+        raise ConfigError("--ensemble decodes a split with --run-dir; it does not apply to --hyp/--ref")
     if hyp is not None:
         scores = score_files(hyp, ref)
     elif run_dir is None:
@@ -273,7 +278,7 @@ def eval_cmd(
         from .translator import evaluate_run  # imports torch: not needed to score two files
 
         decode = dict(beam=beam, alpha=alpha, max_tokens=max_tokens, precision=precision, threads=threads)
-        scores = evaluate_run(run_dir, split or _eval_split(run_dir), checkpoint, device, decode, quiet)
+        scores = evaluate_run(run_dir, split or _eval_split(run_dir), checkpoint, device, decode, quiet, ensemble or ())
     typer.echo(json.dumps(scores, indent=2) if as_json else format_table(scores))
 
 

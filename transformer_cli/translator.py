@@ -26,31 +26,31 @@ def _stderr(message: str) -> None:
 class Translator:
     """A model, its tokenizer and decoding settings; translates lists or streams of sentences."""
 
-    def __init__(self, model, tokenizer, cfg: Config, device: torch.device, checkpoint: Path | None = None):
+    def __init__(self, model, tokenizer, cfg: Config, device: torch.device, checkpoint: Path | None = None,
+                 members: Sequence[Path] = ()):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.decode_cfg: DecodeConfig = dataclasses.replace(cfg.decode)
         self.device = device
         self.checkpoint = checkpoint
+        self.members = list(members)  # the weights files of an ensemble, `checkpoint` first
 
     @classmethod
     def from_run_dir(cls, path: str | Path, checkpoint: str | None = "best", device: str | None = None,
-                     decode: dict | None = None) -> "Translator":
+                     decode: dict | None = None, ensemble: Sequence[str | Path] = ()) -> "Translator":
         """Load run_dir/config.yaml, the tokenizer and a checkpoint (best | last | averaged | path).
 
-        `decode` overrides keys of the config's decode section, e.g. {"beam": 1}.
+        `decode` overrides keys of the config's decode section, e.g. {"beam": 1}. `ensemble` names
+        more run dirs (same tokenizer and direction) whose same checkpoint decodes together with
+        this one, by the mean of their probabilities (ensemble.py); decode settings come from `path`.
         """
-        from .checkpoint import load_weights, resolve_checkpoint
         from .device import resolve_device
-        from .model import build_model
         from .tokenizer import Tokenizer
 
         run_dir = Path(path)
         cfg_path = run_dir / "config.yaml"
-        if not cfg_path.is_file():
-            raise DataError(f"{cfg_path}: no config.yaml in the run directory; train a model there first")
-        raw = read_yaml(cfg_path) or {}
+        raw = _read_run_config(run_dir)
         overrides = {k: v for k, v in (decode or {}).items() if v is not None}
         if overrides and isinstance(raw, dict):
             raw = {**raw, "decode": {**(raw.get("decode") or {}), **overrides}}
@@ -59,14 +59,26 @@ class Translator:
         if cfg.decode.threads:
             torch.set_num_threads(cfg.decode.threads)  # process-wide, as train.threads does
         checkpoint = checkpoint or cfg.decode.checkpoint
-        tokenizer = Tokenizer.load(run_dir / "tokenizer")
-        model = build_model(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
-        weights = resolve_checkpoint(run_dir, checkpoint)
-        load_weights(model, weights)
         dev = resolve_device(device or cfg.decode.device)
         if cfg.decode.precision == "fp16" and dev.type == "cpu":
             raise ConfigError("decode.precision fp16 needs a CUDA device; use --precision bf16 or fp32 on CPU")
-        return cls(model.to(dev), tokenizer, cfg, dev, weights)
+        tokenizer = Tokenizer.load(run_dir / "tokenizer")
+        model, weights = _load_model(run_dir, cfg, tokenizer, checkpoint)
+        if not ensemble:
+            return cls(model.to(dev), tokenizer, cfg, dev, weights)
+        from .ensemble import Ensemble
+
+        models, members = [model], [weights]
+        for other in map(Path, ensemble):
+            other_cfg = from_dict(_read_run_config(other), str(other / "config.yaml"))
+            other_tokenizer = Tokenizer.load(other / "tokenizer")
+            _check_compatible(run_dir, cfg, tokenizer, other, other_cfg, other_tokenizer)
+            other_model, other_weights = _load_model(other, other_cfg, other_tokenizer, checkpoint)
+            models.append(other_model)
+            members.append(other_weights)
+        ens = Ensemble(models)
+        cfg.model = dataclasses.replace(cfg.model, max_len=ens.cfg.max_len)  # every member must take the source
+        return cls(ens.to(dev), tokenizer, cfg, dev, weights, members)
 
     # -- text ---------------------------------------------------------------------------------
 
@@ -131,6 +143,8 @@ class Translator:
         Returns source/target subword labels and per-layer (H, T, S) cross-attention, decoder
         self-attention and encoder self-attention weights.
         """
+        if self.members:
+            raise ConfigError("attention weights come from one model; load the run without an ensemble")
         (ids,) = self.encode([text])
         (hyps,) = decode_nbest(self.model, [ids], self.decode_cfg, self.device, beam=beam, nbest=1)
         hyp: Hypothesis = hyps[0]
@@ -149,6 +163,38 @@ class Translator:
             "decoder_self": [x[0].float().cpu() for x in w["decoder_self"]],
             "encoder": [x[0].float().cpu() for x in w["encoder"]],
         }
+
+
+def _read_run_config(run_dir: Path) -> dict:
+    """The raw config.yaml of a trained run directory (a DataError when there is none)."""
+    cfg_path = run_dir / "config.yaml"
+    if not cfg_path.is_file():
+        raise DataError(f"{cfg_path}: no config.yaml in the run directory; train a model there first")
+    return read_yaml(cfg_path) or {}
+
+
+def _load_model(run_dir: Path, cfg: Config, tokenizer, checkpoint: str):
+    """(model on CPU, weights path) of one trained run."""
+    from .checkpoint import load_weights, resolve_checkpoint
+    from .model import build_model
+
+    model = build_model(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
+    weights = resolve_checkpoint(run_dir, checkpoint)
+    load_weights(model, weights)
+    return model, weights
+
+
+def _check_compatible(first: Path, cfg: Config, tokenizer, other: Path, other_cfg: Config, theirs) -> None:
+    """An ensemble member must translate the same direction with the very same subword models."""
+    pair = (cfg.data.src_lang, cfg.data.tgt_lang)
+    other_pair = (other_cfg.data.src_lang, other_cfg.data.tgt_lang)
+    if pair != other_pair:
+        raise ConfigError(f"--ensemble {other}: translates {'-'.join(other_pair)}, "
+                          f"but {first} translates {'-'.join(pair)}")
+    for side in ("src_sp", "tgt_sp"):
+        if getattr(theirs, side).serialized_model_proto() != getattr(tokenizer, side).serialized_model_proto():
+            raise ConfigError(f"--ensemble {other}: its tokenizer differs from {first / 'tokenizer'}; "
+                              "ensemble members must share one sentencepiece model")
 
 
 # -- command helpers (tcli translate / eval) ----------------------------------------------------
@@ -203,8 +249,13 @@ def checkpoint_label(checkpoint: str) -> str:
 
 
 def evaluate_run(run_dir: str | Path, split: str = "test", checkpoint: str | None = None,
-                 device: str | None = None, decode: dict | None = None, quiet: bool = False) -> dict:
-    """Decode a prepared split, write hyps/<split>.<ckpt>.txt (and the reference), score it, update scores.json."""
+                 device: str | None = None, decode: dict | None = None, quiet: bool = False,
+                 ensemble: Sequence[str | Path] = ()) -> dict:
+    """Decode a prepared split, write hyps/<split>.<ckpt>.txt (and the reference), score it, update scores.json.
+
+    With `ensemble` run dirs the label is <ckpt>.ensembleN (N models in all) and the scores list
+    every member's weights file.
+    """
     import json
 
     from .data import load_split
@@ -212,10 +263,12 @@ def evaluate_run(run_dir: str | Path, split: str = "test", checkpoint: str | Non
     from .metrics import score_files
 
     run_dir = Path(run_dir)
-    translator = Translator.from_run_dir(run_dir, checkpoint, device=device, decode=decode)
+    translator = Translator.from_run_dir(run_dir, checkpoint, device=device, decode=decode, ensemble=ensemble)
     data = load_split(run_dir, split)
     hyps = translator.translate(data.src_text, progress=not quiet)
     label = checkpoint_label(checkpoint or translator.cfg.decode.checkpoint)
+    if translator.members:
+        label += f".ensemble{len(translator.members)}"
     hyp_path = run_dir / "hyps" / f"{split}.{label}.txt"
     ref_path = run_dir / "hyps" / f"{split}.ref.txt"
     atomic_write_text(hyp_path, "".join(one_line(h) + "\n" for h in hyps))
@@ -223,6 +276,8 @@ def evaluate_run(run_dir: str | Path, split: str = "test", checkpoint: str | Non
     scores = score_files(hyp_path, ref_path, translator.cfg.eval.tokenize)
     scores.update(split=split, checkpoint=str(translator.checkpoint), hyp_file=str(hyp_path),
                   ref_file=str(ref_path), beam=translator.decode_cfg.beam, alpha=translator.decode_cfg.alpha)
+    if translator.members:
+        scores["ensemble"] = [str(p) for p in translator.members]
     scores_path = run_dir / "scores.json"
     try:
         table = json.loads(scores_path.read_text(encoding="utf-8")) if scores_path.is_file() else {}
