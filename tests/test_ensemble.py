@@ -182,6 +182,10 @@ def test_ensemble_errors_are_one_line(smoke_run, tmp_path):  # noqa: F811
     # no run there
     r = tcli("translate", "--run-dir", smoke_run, "--ensemble", tmp_path / "missing", input="Ein Mann.\n")
     assert r.returncode != 0 and "missing/config.yaml" in r.stderr and "Traceback" not in r.stderr
+    # a checkpoint path would load the same file for every member
+    weights = smoke_run / "checkpoints" / "best" / "model.safetensors"
+    r = tcli("translate", "--run-dir", smoke_run, "--checkpoint", weights, "--ensemble", smoke_run, input="Ein Mann.\n")
+    assert r.returncode == 2 and "is a path" in r.stderr and "Traceback" not in r.stderr
     # --hyp/--ref scoring has nothing to ensemble
     (tmp_path / "h.txt").write_text("a\n", encoding="utf-8")
     r = tcli("eval", "--hyp", tmp_path / "h.txt", "--ref", tmp_path / "h.txt", "--ensemble", other)

@@ -66,8 +66,12 @@ class Translator:
         model, weights = _load_model(run_dir, cfg, tokenizer, checkpoint)
         if not ensemble:
             return cls(model.to(dev), tokenizer, cfg, dev, weights)
+        from .checkpoint import NAMED
         from .ensemble import Ensemble
 
+        if checkpoint not in NAMED and not checkpoint.startswith("step_"):
+            raise ConfigError(f"--checkpoint '{checkpoint}' is a path; with --ensemble name one that every run "
+                              "has: best, last, averaged or step_N")
         models, members = [model], [weights]
         for other in map(Path, ensemble):
             other_cfg = from_dict(_read_run_config(other), str(other / "config.yaml"))
