@@ -143,6 +143,10 @@ def test_translator_ensemble_is_the_mean_of_the_two_runs(smoke_run, second_run):
     assert ens.members[1].parent.parent.parent == second_run
     a = Translator.from_run_dir(smoke_run, "best", device="cpu")
     b = Translator.from_run_dir(second_run, "best", device="cpu")
+    # each member holds its own run's weights (and the two runs' weights differ)
+    for member, single in zip(ens.model.members, (a.model, b.model)):
+        assert all(torch.equal(x, y) for x, y in zip(member.state_dict().values(), single.state_dict().values()))
+    assert not torch.equal(a.model.output.weight, b.model.output.weight)
     by_hand = Ensemble([a.model, b.model])
     ids = ens.encode(lines)
     expected = search.decode_nbest(by_hand, ids, ens.decode_cfg, "cpu", beam=2, nbest=1)

@@ -142,11 +142,16 @@ def remove_checkpoint(folder: str | Path) -> None:
 # ---------------------------------------------------------------- reading
 
 
+def is_checkpoint_name(name: str) -> bool:
+    """True for a name every run dir may hold (best, last, averaged, step_N), False for a path."""
+    return name in NAMED or name.startswith("step_")
+
+
 def resolve_checkpoint(run_dir: str | Path, name: str) -> Path:
     """Path of the weights file for `name`: best | last | averaged | step_N | a folder or .safetensors path."""
     root = checkpoints_dir(run_dir)
     candidates = []
-    if name in NAMED or name.startswith("step_"):
+    if is_checkpoint_name(name):
         candidates = [root / name, root / f".{name}.old"]  # .old: a kill hit the folder switch
     candidates.append(Path(name))
     for cand in candidates:

@@ -66,10 +66,10 @@ class Translator:
         model, weights = _load_model(run_dir, cfg, tokenizer, checkpoint)
         if not ensemble:
             return cls(model.to(dev), tokenizer, cfg, dev, weights)
-        from .checkpoint import NAMED
+        from .checkpoint import is_checkpoint_name
         from .ensemble import Ensemble
 
-        if checkpoint not in NAMED and not checkpoint.startswith("step_"):
+        if not is_checkpoint_name(checkpoint):
             raise ConfigError(f"--checkpoint '{checkpoint}' is a path; with --ensemble name one that every run "
                               "has: best, last, averaged or step_N")
         models, members = [model], [weights]
