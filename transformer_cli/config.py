@@ -96,6 +96,7 @@ class TrainConfig:
     warmup_steps: int = 4000  # linear warmup updates
     min_lr: float = 0.0  # cosine floor
     label_smoothing: float = 0.1  # label smoothing of the cross-entropy
+    rdrop_alpha: float = 0.0  # > 0: R-Drop, each batch runs twice (two dropout masks, 2x compute) + alpha/4 * their symmetric KL
     subword_alpha: float = 0.0  # > 0: a new sampled segmentation each epoch (unigram: sharpness; bpe: dropout)
     subword_nbest: int = -1  # unigram: sample among the n best segmentations (-1 = all)
     clip_norm: float = 1.0  # 0 = no clipping
@@ -186,7 +187,7 @@ POSITIVE = {
 NON_NEGATIVE = {
     "data.max_train_pairs", "data.max_ratio", "train.threads", "train.warmup_steps",
     "train.weight_decay", "train.min_lr", "train.clip_norm", "train.max_steps",
-    "train.max_epochs", "train.max_minutes", "train.patience", "train.eps", "train.subword_alpha", "decode.max_len_a",
+    "train.max_epochs", "train.max_minutes", "train.patience", "train.eps", "train.subword_alpha", "train.rdrop_alpha", "decode.max_len_a",
     "decode.max_len_b", "decode.min_len", "decode.top_k", "decode.seed", "decode.threads",
 }
 UNIT_INTERVAL = {"model.dropout", "model.attention_dropout", "train.label_smoothing"}  # [0, 1)

@@ -37,7 +37,7 @@ from .config import Config, from_dict, read_yaml
 from .device import resolve_device
 from .errors import ConfigError, DataError, TcliError
 from .io_utils import atomic_write_text
-from .loss import token_loss_sum
+from .loss import rdrop_loss_sum, token_loss_sum
 from .schedule import build_optimizer, build_scheduler
 
 # Keys that may change between a run and its --resume: limits, logging, decoding, where it runs.
@@ -449,7 +449,7 @@ class Trainer:
             sync = contextlib.nullcontext() if last or self.dist.world == 1 else model.no_sync()
             with sync:
                 with autocast(self.device, self.t.precision):  # logits not kept: frees (B, T, V) early
-                    loss = token_loss_sum(model(batch.src, batch.tgt_in), batch.tgt_out, self.t.label_smoothing)
+                    loss = self.batch_loss(model, batch)
                 scaled = loss * scale
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             loss_acc += loss.detach()
@@ -466,6 +466,13 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return lr
+
+    def batch_loss(self, model, batch) -> torch.Tensor:
+        """Summed training loss of one micro-batch: smoothed CE, or with R-Drop two passes and their KL."""
+        if not self.t.rdrop_alpha:
+            return token_loss_sum(model(batch.src, batch.tgt_in), batch.tgt_out, self.t.label_smoothing)
+        twice = model(torch.cat([batch.src, batch.src]), torch.cat([batch.tgt_in, batch.tgt_in]))  # (2B, T, V)
+        return rdrop_loss_sum(twice, batch.tgt_out, self.t.label_smoothing, self.t.rdrop_alpha)
 
     # -- validation
 
