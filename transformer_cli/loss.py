@@ -5,7 +5,8 @@ reduction="sum")`: per token (1 - eps) * nll + eps * mean over the vocabulary of
 autograd function below writes the gradient, softmax - (1 - eps) * onehot - eps / V, into the
 saved log-probabilities in place, so a step holds one (N, V) float32 buffer instead of four
 (log_softmax output, nll grad, smoothing grad, their sum); with V = 8000 and 4,096-token batches
-that is ~400 MB less peak memory and fewer passes over it.
+that is ~400 MB less peak memory and fewer passes over it. `rdrop_loss_sum` is the R-Drop
+variant for a batch run twice (train.rdrop_alpha).
 """
 
 from __future__ import annotations
