@@ -99,8 +99,9 @@ class _RDrop(torch.autograd.Function):
             diff = lp1 - lp2  # (R, V) l1 - l2
             kl12 = (p1 * diff).sum(dim=1, keepdim=True)  # (R, 1)
             kl21 = -(p2 * diff).sum(dim=1, keepdim=True)
-            g1 = (p1 * (diff - kl12)).add_(p1 - p2).mul_(0.25 * alpha)  # d(alpha/4 * sym_kl)/d logits, pass 1
-            g2 = (p2 * (diff + kl21)).sub_(p2 - p1).mul_(-0.25 * alpha)
+            moved = p1 - p2  # (R, V)
+            g1 = (p1 * (diff - kl12)).add_(moved).mul_(0.25 * alpha)  # d(alpha/4 * sym_kl)/d logits, pass 1
+            g2 = (p2 * (diff + kl21)).add_(moved).mul_(-0.25 * alpha)  # pass 2: p2 * (l2 - l1 - kl21) + p2 - p1
             for g, p, rows in ((g1, p1, slice(i, j)), (g2, p2, slice(n + i, n + j))):
                 g.add_(p, alpha=0.5)  # + half the smoothed-CE gradient of each pass
                 if eps > 0:
@@ -118,10 +119,8 @@ def rdrop_loss_sum(logits: torch.Tensor, labels: torch.Tensor, smoothing: float,
     same weighting as fairseq's --rdrop-alpha, halved (fairseq sums both passes' CE), so its values carry over.
     """
     vocab = logits.size(-1)
-    two_b = logits.size(0)
-    halves = logits.reshape(2, two_b // 2, -1, vocab)  # (2, B, T, V): pass, sentence, position
     return _RDrop.apply(
-        halves.reshape(-1, vocab),  # (2*B*T, V): pass 1's rows, then pass 2's
+        logits.reshape(-1, vocab),  # (2*B*T, V): pass 1's rows, then pass 2's (the batch was stacked on itself)
         labels.reshape(-1),  # (B*T,)
         float(smoothing), float(alpha), pad_id,
     )
