@@ -56,6 +56,9 @@ def test_overrides_parse_yaml_scalars():
         (["tokenizer.vocab_size=4"], "'tokenizer.vocab_size' (4) must exceed the 4 special tokens"),
         (["model.norm=middle"], "'model.norm' must be one of post, pre"),
         (["train.lr"], "expected KEY=VALUE"),
+        (["train.bidirectional_epochs=-1"], "'train.bidirectional_epochs' must be >= 0"),
+        (["train.bidirectional_epochs=2", "tokenizer.joint=false", "model.tie_embeddings=false"],
+         "'train.bidirectional_epochs' trains on reversed pairs, which needs one vocabulary for both sides"),
     ],
 )
 def test_bad_values_name_the_key(sets, needle):

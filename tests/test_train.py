@@ -205,6 +205,34 @@ def test_rdrop_without_dropout_trains_like_plain_cross_entropy(baseline, tiny_da
     assert len(losses["plain"]) == 4 and losses["rdrop"] == pytest.approx(losses["plain"], rel=1e-5)
 
 
+def test_bidirectional_epochs_train_on_reversed_pairs_then_stop(baseline, tiny_data, tmp_path):
+    """train.bidirectional_epochs=1: epoch 1 holds every pair and every pair reversed (about twice the
+    batches), epoch 2 the pairs only; the run differs from a plain one and resumes bit-exactly inside
+    the doubled epoch."""
+    from transformer_cli.config import load_config
+    from transformer_cli.train import Dist, Trainer
+
+    bit = ["train.bidirectional_epochs=1"]
+    cfg = load_config(ROOT / "configs" / "smoke.yaml", (tiny_settings(tiny_data) + ["--set", bit[0]])[1::2])
+    trainer = Trainer(cfg, baseline, Dist(device=torch.device("cpu")), quiet=True, resume_command="")
+    plain, both = trainer.train_split, trainer.epoch_split(1)
+    n = len(plain)
+    assert len(both) == 2 * n and trainer.epoch_split(2) is plain
+    for i in (0, n // 2, n - 1):
+        assert both.src[i].tolist() == plain.src[i].tolist() and both.tgt[i].tolist() == plain.tgt[i].tolist()
+        assert both.src[n + i].tolist() == plain.tgt[i].tolist() and both.tgt[n + i].tolist() == plain.src[i].tolist()
+    assert abs(len(trainer.epoch_batches(1)) - 2 * len(trainer.epoch_batches(2))) <= 2
+
+    runs = {name: prepared_copy(baseline, tmp_path / name) for name in ("plain", "whole", "stopped")}
+    in_process(runs["plain"], tiny_data, "train.max_steps=30")
+    in_process(runs["whole"], tiny_data, *bit, "train.max_steps=30")
+    in_process(runs["stopped"], tiny_data, *bit, "train.max_steps=15")
+    in_process(runs["stopped"], tiny_data, *bit, "train.max_steps=30", resume=True)
+    assert metrics(runs["whole"])[-1]["epoch"] == 1  # still inside the doubled first epoch
+    assert not bitwise_equal(final_weights(runs["whole"]), final_weights(runs["plain"]))
+    assert bitwise_equal(final_weights(runs["stopped"]), final_weights(runs["whole"]))
+
+
 def test_refusals(baseline, tiny_data, tmp_path):
     other = run_tcli(*train_args(baseline, tiny_data, "--set", "model.d_model=32"))  # through the CLI: exit 2
     assert other.returncode == 2 and "different config (model.d_model: 64 -> 32)" in other.stderr

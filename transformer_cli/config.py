@@ -99,6 +99,7 @@ class TrainConfig:
     rdrop_alpha: float = 0.0  # > 0: R-Drop, each batch runs twice (two dropout masks, 2x compute) + alpha/4 * their symmetric KL
     subword_alpha: float = 0.0  # > 0: a new sampled segmentation each epoch (unigram: sharpness; bpe: dropout)
     subword_nbest: int = -1  # unigram: sample among the n best segmentations (-1 = all)
+    bidirectional_epochs: int = 0  # > 0: the first N epochs also train on every pair reversed (BiT; joint vocab)
     clip_norm: float = 1.0  # 0 = no clipping
     max_steps: int = 0  # 0 = no limit
     max_epochs: int = 0  # 0 = no limit
@@ -187,7 +188,8 @@ POSITIVE = {
 NON_NEGATIVE = {
     "data.max_train_pairs", "data.max_ratio", "train.threads", "train.warmup_steps",
     "train.weight_decay", "train.min_lr", "train.clip_norm", "train.max_steps",
-    "train.max_epochs", "train.max_minutes", "train.patience", "train.eps", "train.subword_alpha", "train.rdrop_alpha", "decode.max_len_a",
+    "train.max_epochs", "train.max_minutes", "train.patience", "train.eps", "train.subword_alpha", "train.rdrop_alpha",
+    "train.bidirectional_epochs", "decode.max_len_a",
     "decode.max_len_b", "decode.min_len", "decode.top_k", "decode.seed", "decode.threads",
 }
 UNIT_INTERVAL = {"model.dropout", "model.attention_dropout", "train.label_smoothing"}  # [0, 1)
@@ -307,6 +309,9 @@ def validate(cfg: Config, where: str = "config") -> None:
     if cfg.tokenizer.model_type == "bpe" and cfg.train.subword_alpha >= 1:
         raise ConfigError(f"{where}: key 'train.subword_alpha' is the BPE-dropout probability for a bpe "
                           f"tokenizer and must be < 1, got {cfg.train.subword_alpha}")
+    if cfg.train.bidirectional_epochs and not cfg.tokenizer.joint:
+        raise ConfigError(f"{where}: key 'train.bidirectional_epochs' trains on reversed pairs, which needs one "
+                          "vocabulary for both sides: set tokenizer.joint: true")
     if cfg.data.src_lang == cfg.data.tgt_lang:
         raise ConfigError(f"{where}: keys 'data.src_lang' and 'data.tgt_lang' must differ")
     if m.tie_embeddings and not cfg.tokenizer.joint:

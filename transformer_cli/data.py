@@ -127,6 +127,11 @@ class EncodedSplit:
         return self._texts["tgt"]
 
 
+def with_reversed_pairs(split: EncodedSplit) -> EncodedSplit:
+    """The split followed by every pair reversed (target -> source): bidirectional training's data (joint ids only)."""
+    return EncodedSplit(Ragged.concat([split.src, split.tgt]), Ragged.concat([split.tgt, split.src]))  # no text
+
+
 def load_split(run_dir: str | Path, name: str) -> EncodedSplit:
     """Load a split `tcli prepare` encoded: name is train, valid or test."""
     if name not in SPLITS:

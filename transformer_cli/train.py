@@ -324,13 +324,15 @@ class Trainer:
         self._collate, self._token_batches = collate, token_batches
         self.train_split, self.valid_split = load_split(run_dir, "train"), load_split(run_dir, "valid")
         self.tokenizer = Tokenizer.load(run_dir / "tokenizer")
-        self._epoch_data: tuple[int, object] | None = None  # (epoch, its split) under subword sampling
+        self._epoch_data: tuple[int, object] | None = None  # (epoch, its training split), see epoch_split
         self.bar = self.tb = None
         torch.manual_seed(self.t.seed)  # the same initial weights on every rank
         self.model = build_model(cfg, self.tokenizer.src_vocab_size, self.tokenizer.tgt_vocab_size).to(self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.params, self.t)
         self.updates_per_epoch = self._updates_in(len(self.epoch_batches(1)))
+        if self.t.bidirectional_epochs:  # epoch 1 held every pair twice
+            self.updates_per_epoch = math.ceil(self.updates_per_epoch / 2)
         self.total_steps = self._total_steps()
         self.scheduler = build_scheduler(self.optimizer, self.t, self.total_steps)
         self.scaler = torch.amp.GradScaler("cuda") if self.t.precision == "fp16" else None
@@ -343,24 +345,37 @@ class Trainer:
     # -- data
 
     def epoch_split(self, epoch: int):
-        """The training split of this epoch: the prepared one, or its sampled segmentation (subword.py)."""
-        if not self.t.subword_alpha:
-            return self.train_split
+        """The training split of this epoch: the prepared one or its sampled segmentation (subword.py), plus
+        every pair reversed during the first train.bidirectional_epochs (bidirectional training)."""
         if self._epoch_data is None or self._epoch_data[0] != epoch:
-            from . import subword
+            split = self._sampled_split(epoch) if self.t.subword_alpha else self.train_split
+            n = self.t.bidirectional_epochs
+            if epoch <= n:
+                from .data import with_reversed_pairs
 
-            def draw() -> None:  # rank 0 draws and saves; a resumed run finds the epoch's sample saved
-                if not subword.sample_path(self.run_dir, epoch).is_file():
-                    start = time.perf_counter()
-                    split = subword.sampled_split(self.train_split, self.tokenizer, self.cfg)
-                    subword.save_sample(self.run_dir, epoch, split)
-                    self.log(f"subword sampling: epoch {epoch} resampled in {time.perf_counter() - start:.1f}s, "
-                             f"{subword.mean_growth(self.train_split, split):.2f}x the prepared tokens")
-
-            self.dist.on_main(draw)
-            self.dist.barrier()
-            self._epoch_data = (epoch, subword.load_sample(self.run_dir, epoch, self.train_split))
+                split = with_reversed_pairs(split)
+                if self._epoch_data is None:  # once, when the trainer is set up
+                    self.log(f"bidirectional training: epochs 1-{n} train on the pairs and on the pairs reversed")
+            elif n and epoch == n + 1:
+                self.log(f"bidirectional training: from epoch {epoch} on, source -> target only")
+            self._epoch_data = (epoch, split)
         return self._epoch_data[1]
+
+    def _sampled_split(self, epoch: int):
+        """This epoch's sampled segmentation: rank 0 draws and saves it; a resumed run finds it saved."""
+        from . import subword
+
+        def draw() -> None:
+            if not subword.sample_path(self.run_dir, epoch).is_file():
+                start = time.perf_counter()
+                split = subword.sampled_split(self.train_split, self.tokenizer, self.cfg)
+                subword.save_sample(self.run_dir, epoch, split)
+                self.log(f"subword sampling: epoch {epoch} resampled in {time.perf_counter() - start:.1f}s, "
+                         f"{subword.mean_growth(self.train_split, split):.2f}x the prepared tokens")
+
+        self.dist.on_main(draw)
+        self.dist.barrier()
+        return subword.load_sample(self.run_dir, epoch, self.train_split)
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
         """The epoch's batches (index arrays), cut to a multiple of world so all ranks step together."""
@@ -377,8 +392,10 @@ class Trainer:
         return math.ceil(num_batches / (self.dist.world * self.t.update_freq))
 
     def _total_steps(self) -> int:
-        """Planned updates (for cosine and the progress bar): max_steps, else max_epochs x updates/epoch."""
-        by_epochs = self.t.max_epochs * self.updates_per_epoch
+        """Planned updates (for cosine and the progress bar): max_steps, else max_epochs x updates/epoch
+        (bidirectional epochs count twice)."""
+        doubled = min(self.t.bidirectional_epochs, self.t.max_epochs)  # epochs that also hold the reversed pairs
+        by_epochs = (self.t.max_epochs + doubled) * self.updates_per_epoch
         if self.t.max_steps and by_epochs:
             return min(self.t.max_steps, by_epochs)
         return self.t.max_steps or by_epochs
