@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 
 import pytest
 import torch
@@ -145,8 +146,6 @@ def _forced_logprob(model, src: list[int], tokens: list[int]) -> float:
 def test_search_on_device_scores_its_outputs_like_the_cpu(beam):
     """Every hypothesis decoded on the device has the log-probability the CPU model (float64) gives it;
     cached and uncached decoding agree; beam 1 equals greedy."""
-    import random
-
     rng = random.Random(1)
     sources = [[rng.randrange(4, 40) for _ in range(rng.randrange(1, 20))] for _ in range(24)]
     cfg = DecodeConfig(max_len_a=1.0, max_len_b=4, max_tokens=4000)
@@ -171,8 +170,6 @@ def test_search_on_device_scores_its_outputs_like_the_cpu(beam):
 
 def test_search_in_bf16_on_device_runs_and_mostly_agrees():
     """bf16 decoding gives finite scores and, on this model, the fp32 output for most sentences."""
-    import random
-
     rng = random.Random(2)
     sources = [[rng.randrange(4, 40) for _ in range(rng.randrange(1, 20))] for _ in range(24)]
     model = _tiny_model().to(DEVICE)
