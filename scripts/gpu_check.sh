@@ -49,8 +49,8 @@ if [[ $PHASES == *speed* ]]; then
   log "attention speed"
   for mask in padding causal; do
     timeout 30 python scripts/bench_attention.py --device cuda --mask "$mask" --repeats 50 >> "$OUT/attention.txt" 2>&1
+    log "attention, $mask mask: exit $?"
   done
-  log "attention: exit $?"
 fi
 if [[ $PHASES == *train* ]]; then
   log "full configs, three at once, at most $TRAIN_MINUTES minutes of training each"

@@ -96,10 +96,9 @@ def test_dropout_on_device_is_unbiased_and_seeded():
     assert torch.allclose(kept, torch.full_like(kept, 1 / 0.7))
 
 
-def _tiny_model(dropout=0.0):
+def _tiny_model():
     torch.manual_seed(0)
-    cfg = ModelConfig(d_model=32, num_heads=4, ff_size=64, encoder_layers=2, decoder_layers=2, dropout=dropout,
-                      norm="pre")
+    cfg = ModelConfig(d_model=32, num_heads=4, ff_size=64, encoder_layers=2, decoder_layers=2, dropout=0.0, norm="pre")
     model = Seq2SeqTransformer(cfg, 40, 40)
     with torch.no_grad():  # a peakier output so that hypotheses end at varied lengths
         model.output.weight.mul_(3.0)
