@@ -247,6 +247,40 @@ def test_refusals(baseline, tiny_data, tmp_path):
         in_process(empty, tiny_data, "train.max_steps=0")
 
 
+def test_resume_names_the_changed_key_and_accepts_checkpoints_older_than_a_new_key(baseline, tiny_data, tmp_path):
+    """trainer_state.pt stores the run's training keys: --resume names the one that changed, and a key added
+    to tcli later (absent from the checkpoint) is accepted at its default. Older checkpoints held only a
+    hash computed without such keys; they resume too, as a 2-hour run from before bidirectional_epochs must."""
+    from transformer_cli import checkpoint as ck
+    from transformer_cli.config import from_dict, read_yaml
+    from transformer_cli.train import KEYS_AFTER_HASH_ONLY, _hash, checkpoint_difference, identity
+
+    run = tmp_path / "old"
+    shutil.copytree(baseline, run)
+    state_path = run / "checkpoints" / "last" / ck.STATE
+    state = torch.load(state_path, weights_only=True)
+    assert state["config"]["model.d_model"] == 64
+    state["config"]["model.dropout"] = 0.5  # as if trained with another dropout
+    torch.save(state, state_path)
+    with pytest.raises(ConfigError, match=r"differs from the checkpoint's \(model.dropout: 0.5 -> 0.1\)"):
+        in_process(run, tiny_data, "train.max_steps=50", resume=True)
+
+    keys = dict(state["config"], **{"model.dropout": 0.1})
+    del keys["train.bidirectional_epochs"]
+    legacy = {k: v for k, v in state.items() if k != "config"}
+    legacy["config_hash"] = _hash(keys)  # what a checkpoint from before the key stored
+    assert "train.bidirectional_epochs" in KEYS_AFTER_HASH_ONLY
+    cfg = from_dict(read_yaml(run / "config.yaml"), "config.yaml")
+    assert checkpoint_difference(legacy, cfg) is None
+    cfg.train.bidirectional_epochs = 1  # the new key away from its default: not what the hash was made of
+    assert checkpoint_difference(legacy, cfg) == "a training key"
+    assert checkpoint_difference(dict(legacy, config_hash=_hash(identity(cfg))), cfg) is None
+    torch.save(legacy, state_path)
+    in_process(run, tiny_data, "train.max_steps=50", resume=True)
+    assert metrics(run)[-1]["step"] == 50
+    assert torch.load(state_path, weights_only=True)["config"]["train.bidirectional_epochs"] == 0
+
+
 def test_busy_run_dir_is_refused_even_with_overwrite(baseline, tiny_data):
     """While one process trains in a run dir, a second `tcli train` there exits 1 and deletes nothing."""
     from transformer_cli.train import run_dir_lock

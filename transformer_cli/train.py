@@ -84,9 +84,33 @@ def identity(cfg: Config) -> dict:
             if k not in RESUMABLE_KEYS and k.split(".")[0] not in RESUMABLE_SECTIONS}
 
 
+def _hash(keys: dict) -> str:
+    return hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def config_hash(cfg: Config) -> str:
     """A short hash of identity(cfg), stored in trainer_state.pt."""
-    return hashlib.sha256(json.dumps(identity(cfg), sort_keys=True).encode()).hexdigest()[:16]
+    return _hash(identity(cfg))
+
+
+# Keys added after trainer_state.pt held only config_hash: such a checkpoint still resumes while they
+# keep their defaults (its hash was computed without them).
+KEYS_AFTER_HASH_ONLY = ("train.bidirectional_epochs",)
+
+
+def checkpoint_difference(state: dict, cfg: Config) -> str | None:
+    """'key: saved -> now' when cfg is not the config a checkpoint was trained with, else None.
+    A key the checkpoint does not know (added to tcli since) matches while it holds its default."""
+    now, defaults = identity(cfg), identity(Config())
+    saved = state.get("config")
+    if saved is None:  # older checkpoints store only the hash
+        known = {k: v for k, v in now.items() if not (k in KEYS_AFTER_HASH_ONLY and v == defaults[k])}
+        return None if state.get("config_hash") in (_hash(now), _hash(known)) else "a training key"
+    for key in sorted(now.keys() | saved.keys()):
+        old, new = saved.get(key, defaults.get(key)), now.get(key, defaults.get(key))
+        if old != new:
+            return f"{key}: {old!r} -> {new!r}"
+    return None
 
 
 def first_difference(old: Config, new: Config) -> str | None:
@@ -429,6 +453,7 @@ class Trainer:
             "rng": rngs,
             "world_size": self.dist.world,
             "config_hash": config_hash(self.cfg),
+            "config": identity(self.cfg),
         }
 
     def restore(self) -> Path:
@@ -438,8 +463,9 @@ class Trainer:
             raise DataError(f"--resume: {ck.checkpoints_dir(self.run_dir) / 'last'} holds no complete checkpoint "
                             f"(model.safetensors + trainer_state.pt); start without --resume")
         state = ck.load_state(folder)
-        if state.get("config_hash") != config_hash(self.cfg):
-            raise ConfigError(f"{folder}: --resume with a config that differs from the checkpoint's; "
+        diff = checkpoint_difference(state, self.cfg)
+        if diff:
+            raise ConfigError(f"{folder}: --resume with a config that differs from the checkpoint's ({diff}); "
                               f"use the run's config.yaml")
         ck.load_weights(self.model, folder / ck.WEIGHTS)
         self.optimizer.load_state_dict(state["optimizer"])
