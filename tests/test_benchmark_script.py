@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from transformer_cli.metrics import score_files
+from transformer_cli.plots import read_metrics
 
 from .conftest import ROOT
 
@@ -72,7 +73,7 @@ def test_results_json_holds_the_measured_scores(pipeline):
     ref = run / "hyps" / "test.ref.txt"
     # the pipeline scored against the test references of the config's data
     assert ref.read_text(encoding="utf-8") == (pipeline["data"] / "test_2016_flickr.en").read_text(encoding="utf-8")
-    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    metrics = read_metrics(run)
     for r in results:
         for key in benchmark.REQUIRED:
             assert r[key] not in (None, ""), key

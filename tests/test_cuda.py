@@ -7,7 +7,6 @@ same checks on the CPU, to try the tests themselves on a machine without one.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
@@ -19,6 +18,7 @@ from transformer_cli import search
 from transformer_cli.attention import MultiHeadAttention, causal_mask, masked_softmax, sequence_mask
 from transformer_cli.config import DecodeConfig, ModelConfig
 from transformer_cli.model import Dropout, Seq2SeqTransformer
+from transformer_cli.plots import read_metrics
 from transformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 from .conftest import ROOT, run_tcli
@@ -181,8 +181,7 @@ def test_search_in_bf16_on_device_runs_and_mostly_agrees():
 
 
 def _losses(run_dir):
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["train_loss"] for r in rows if "train_loss" in r}
+    return {r["step"]: r["train_loss"] for r in read_metrics(run_dir) if "train_loss" in r}
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)

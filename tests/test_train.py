@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from transformer_cli.errors import ConfigError, DataError
+from transformer_cli.plots import read_metrics
 
 from .conftest import ROOT, run_tcli
 
@@ -67,10 +68,8 @@ def prepared_copy(baseline: Path, dest: Path) -> Path:
 
 
 def metrics(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """metrics.jsonl's records; none before the first is written."""
+    return read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
 
 
 def start(run_dir: Path, data: Path, *extra: str) -> subprocess.Popen:

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from transformer_cli.plots import read_metrics
+
 from .conftest import ROOT, run_tcli
 from .test_train import tiny_data, tiny_settings  # noqa: F401 - tiny_data is a fixture
 
@@ -22,8 +24,7 @@ def settings(data) -> list[str]:
 
 
 def losses(run_dir) -> list[tuple[int, float]]:
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [(r["step"], r.get("train_loss", r.get("valid_loss"))) for r in lines]
+    return [(r["step"], r.get("train_loss", r.get("valid_loss"))) for r in read_metrics(run_dir)]
 
 
 def test_two_ranks_match_one_process_with_update_freq_2(tiny_data, tmp_path):  # noqa: F811
