@@ -213,6 +213,27 @@ def test_report_keeps_earlier_runs_and_replaces_redone_ones(pipeline, tmp_path):
     assert doc.read_text().count("| en-de | best |") == 2  # quality and per-run tables
 
 
+def test_report_on_some_configs_still_links_earlier_configs_curves(pipeline, tmp_path):
+    """Rerunning the report for one config keeps the training-curve links of the configs measured before
+    (the PNGs are in the results folder), after the given curves and before the attention heatmap."""
+    real = json.loads((pipeline["run"] / "bench" / "result.json").read_text())
+    other = tmp_path / "other"
+    (other / "bench").mkdir(parents=True)
+    moved = [{**r, "run_dir": str(other), "config": "configs/other_cfg.yaml"} for r in real]
+    (other / "bench" / "result.json").write_text(json.dumps(moved))
+    results, doc, readme = tmp_path / "results.json", tmp_path / "b.md", tmp_path / "README.md"
+    figures = [str(tmp_path / "training_tiny.png"), str(tmp_path / "attention_tiny.png")]
+    benchmark.report([other], results, doc, None, [], readme)
+    benchmark.report([pipeline["run"]], results, doc, None, figures, readme)
+    assert "training_other_cfg" not in readme.read_text()  # no PNG, no link
+    (tmp_path / "training_other_cfg.png").write_bytes(b"png")
+    benchmark.report([pipeline["run"]], results, doc, None, figures, readme)
+    line = next(x for x in readme.read_text().splitlines() if x.startswith("Figures: "))
+    assert line == ("Figures: [training_tiny](training_tiny.png), [training_other_cfg](training_other_cfg.png), "
+                    "[attention_tiny](attention_tiny.png)")
+    assert "- [training_other_cfg](training_other_cfg.png)" in doc.read_text()
+
+
 def test_decode_rows_reads_bench_decode_lines_and_tables(tmp_path):
     """bench_decode.py prints no JSON: its 'beam B LABEL: S sent/s T tok/s' lines and tables are read."""
     log = tmp_path / "decode.log"
