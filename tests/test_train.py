@@ -232,6 +232,43 @@ def test_bidirectional_epochs_train_on_reversed_pairs_then_stop(baseline, tiny_d
     assert bitwise_equal(final_weights(runs["stopped"]), final_weights(runs["whole"]))
 
 
+def test_init_from_fine_tunes_a_trained_run_with_its_tokenizer(baseline, tiny_data, tmp_path):
+    """train.init_from: the new run copies the source run's tokenizer (its settings replace the config's),
+    starts from the source's best weights bit for bit, with a fresh step count, so its first losses are
+    those of a trained model; a wrong path or another architecture is a clear error."""
+    from transformer_cli.config import load_config
+    from transformer_cli.train import Dist, Trainer
+
+    ft = tmp_path / "ft"
+    summary = in_process(ft, tiny_data, f"train.init_from={baseline}", "tokenizer.vocab_size=300",
+                         "train.max_steps=5", "train.valid_every=5")
+    assert summary["step"] == 5
+    assert (ft / "tokenizer" / "joint.model").read_bytes() == (baseline / "tokenizer" / "joint.model").read_bytes()
+    saved = load_config(ft / "config.yaml")
+    assert saved.tokenizer.vocab_size == VOCAB and saved.train.init_from == str(baseline)
+    scratch, tuned = metrics(baseline)[0], metrics(ft)[0]
+    assert scratch["step"] == tuned["step"] == 5
+    assert tuned["train_loss"] < scratch["train_loss"] - 1.5, (tuned, scratch)
+
+    cfg = load_config(ft / "config.yaml")
+    trainer = Trainer(cfg, ft, Dist(device=torch.device("cpu")), quiet=True, resume_command="")
+    best = baseline / "checkpoints" / "best"
+    stored = load_file(str(best / "model.safetensors"))  # tied embeddings: stored once
+    own = trainer.model.state_dict()
+    assert not any(torch.equal(own[k], v) for k, v in stored.items() if "weight" in k and v.dim() == 2)
+    trainer.initialise_from(str(best))
+    assert all(torch.equal(own[k], v) for k, v in stored.items())
+
+    with pytest.raises(DataError, match="is not a run dir, a checkpoint folder or a .safetensors file"):
+        in_process(tmp_path / "x", tiny_data, f"train.init_from={tmp_path / 'nothing'}")
+    with pytest.raises(DataError, match=r"train.init_from: .*tensor .* its model section must match"):
+        in_process(tmp_path / "y", tiny_data, f"train.init_from={best}", "model.d_model=32")
+    alone = tmp_path / "alone.safetensors"
+    shutil.copy(best / "model.safetensors", alone)
+    with pytest.raises(DataError, match="fine-tuning needs the tokenizer"):
+        in_process(tmp_path / "z", tiny_data, f"train.init_from={alone}")
+
+
 def test_refusals(baseline, tiny_data, tmp_path):
     other = run_tcli(*train_args(baseline, tiny_data, "--set", "model.d_model=32"))  # through the CLI: exit 2
     assert other.returncode == 2 and "different config (model.d_model: 64 -> 32)" in other.stderr

@@ -164,6 +164,24 @@ def resolve_checkpoint(run_dir: str | Path, name: str) -> Path:
     raise DataError(f"checkpoint '{name}' not found ({where}); use best, last, averaged or a path")
 
 
+def init_source(path: str | Path) -> tuple[Path, Path]:
+    """(weights file, run dir) of train.init_from: a run dir (its best checkpoint), one of its checkpoint
+    folders or a model.safetensors inside one; the run dir must hold the tokenizer the weights need."""
+    p = Path(path)
+    if p.is_dir() and (p / "config.yaml").is_file():
+        weights, run = resolve_checkpoint(p, "best"), p
+    elif p.is_dir() and (p / WEIGHTS).is_file():
+        weights, run = p / WEIGHTS, p.parent.parent  # RUN/checkpoints/NAME
+    elif p.is_file() and p.suffix == ".safetensors":
+        weights, run = p, p.parent.parent.parent  # RUN/checkpoints/NAME/model.safetensors
+    else:
+        raise DataError(f"train.init_from: {p} is not a run dir, a checkpoint folder or a .safetensors file")
+    if not (run / "tokenizer").is_dir():
+        raise DataError(f"train.init_from: {run / 'tokenizer'} not found; fine-tuning needs the tokenizer the "
+                        f"weights were trained with, so name a checkpoint inside a run dir")
+    return weights, run
+
+
 def read_info(folder: str | Path) -> dict:
     """The info.json of a checkpoint folder ({} when it has none)."""
     path = Path(folder) / INFO

@@ -112,6 +112,7 @@ class TrainConfig:
     patience: int = 0  # validations without improvement before stopping (0 = off)
     log_every: int = 100  # updates between log lines / metrics rows
     compile: bool = False  # torch.compile the model
+    init_from: str = ""  # fine-tune: start from a run dir (its best checkpoint), a checkpoint folder or .safetensors, with its tokenizer
 
 
 @dataclass

@@ -17,13 +17,13 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
-from .config import Config, DataConfig, save_config
+from .config import Config, DataConfig, TokenizerConfig, save_config, validate
 from .download import sha256_file
 from .errors import DataError
 from .io_utils import atomic_path, atomic_write_text
@@ -463,14 +463,33 @@ def _encode(tokenizer, d: DataConfig, src_text: list[str], tgt_text: list[str], 
     return side(tokenizer.encode_src, src_text), side(tokenizer.encode_tgt, tgt_text)
 
 
+def adopt_init_tokenizer(cfg: Config) -> Path | None:
+    """Fine-tuning (train.init_from): the tokenizer folder of the run the weights come from, whose settings
+    replace cfg.tokenizer so the run's saved config says what it uses; None without train.init_from."""
+    if not cfg.train.init_from:
+        return None
+    from .checkpoint import init_source
+    from .tokenizer import META_FILE
+
+    folder = init_source(cfg.train.init_from)[1] / "tokenizer"
+    meta = _read_meta(folder / META_FILE)
+    if not isinstance(meta.get("settings"), dict):
+        raise DataError(f"train.init_from: {folder / META_FILE} is missing or unreadable; that run was never prepared")
+    known = {k: v for k, v in meta["settings"].items() if k in TokenizerConfig.__dataclass_fields__}
+    cfg.tokenizer = replace(cfg.tokenizer, **known)
+    validate(cfg, f"{folder / META_FILE} (train.init_from)")
+    return folder
+
+
 def prepare(cfg: Config, run_dir: str | Path, quiet: bool = False) -> dict:
     """Read, clean, tokenize and encode every split into run_dir (or reuse the cache); returns a summary."""
-    from .tokenizer import META_FILE, Tokenizer, train_tokenizer
+    from .tokenizer import META_FILE, Tokenizer, copy_tokenizer, model_files, train_tokenizer
 
     start = time.perf_counter()
     d = cfg.data
     run_dir = Path(run_dir)
     data_dir, tok_dir = run_dir / "data", run_dir / "tokenizer"
+    init_tok = adopt_init_tokenizer(cfg)
     save_config(cfg, run_dir / "config.yaml")
     stems = split_stems(d)
     if "train" not in stems:
@@ -485,6 +504,9 @@ def prepare(cfg: Config, run_dir: str | Path, quiet: bool = False) -> dict:
     tok_settings = {k: v for k, v in settings.items() if k not in _NOT_IN_TOKENIZER_KEY}
     tok_key = _key(CACHE_VERSION, tok_settings, asdict(cfg.tokenizer), sha["train"])
     data_key = _key(CACHE_VERSION, settings, asdict(cfg.tokenizer), sha)
+    if init_tok is not None:  # fine-tuning: the key is the copied subword models' content
+        tok_key = _key(CACHE_VERSION, "copied", [sha256_file(p) for p in model_files(init_tok)])
+        data_key = _key(data_key, tok_key)
     all_prints = {k: v for p in prints.values() for k, v in p.items()}
     outputs = [data_dir / f"{name}{ext}" for name in stems for ext in (".npz", ".text.json")]
     if meta.get("key") == data_key and all(p.is_file() for p in outputs) and (tok_dir / META_FILE).is_file():
@@ -505,6 +527,9 @@ def prepare(cfg: Config, run_dir: str | Path, quiet: bool = False) -> dict:
 
     if _read_meta(tok_dir / META_FILE).get("cache_key") == tok_key:  # its training text is unchanged
         tokenizer, tok_state = Tokenizer.load(tok_dir), "reused"
+    elif init_tok is not None:
+        tokenizer, tok_state = copy_tokenizer(init_tok, tok_dir, {"cache_key": tok_key}), f"copied from {init_tok}"
+        _log(f"prepare: fine-tuning, so the tokenizer is {init_tok}'s (train.init_from)", quiet)
     else:
         t0 = time.perf_counter()
         tokenizer = train_tokenizer(cfg.tokenizer, *texts["train"], tok_dir, verbose=os.environ.get("TCLI_DEBUG") == "1",

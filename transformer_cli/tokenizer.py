@@ -27,6 +27,7 @@ _DROP_ON_DECODE = {PAD_ID, BOS_ID, EOS_ID}  # UNK stays: it decodes to a visible
 
 META_FILE = "tokenizer.json"
 JOINT_FILE, SRC_FILE, TGT_FILE = "joint.model", "src.model", "tgt.model"
+MODEL_FILES = (JOINT_FILE, SRC_FILE, TGT_FILE)
 
 
 def _spm():
@@ -162,16 +163,43 @@ def _vocab_text(sp) -> str:
     return "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size()))
 
 
+def _clear(folder: Path) -> None:
+    """Remove a saved tokenizer, its description first: a crash after this must not leave old + new files
+    looking valid."""
+    (folder / META_FILE).unlink(missing_ok=True)
+    for stale in MODEL_FILES:
+        for path in (folder / stale, (folder / stale).with_suffix(".vocab")):
+            path.unlink(missing_ok=True)
+
+
+def model_files(folder: str | Path) -> list[Path]:
+    """The sentencepiece model files a saved tokenizer consists of."""
+    return [Path(folder) / f for f in MODEL_FILES if (Path(folder) / f).is_file()]
+
+
+def copy_tokenizer(source: str | Path, folder: str | Path, extra_meta: dict | None = None) -> Tokenizer:
+    """Copy a saved tokenizer into `folder` (fine-tuning keeps the subwords the weights were trained on)."""
+    source, folder = Path(source), Path(folder)
+    tok = Tokenizer.load(source)  # checks it before anything is replaced
+    meta = json.loads((source / META_FILE).read_text(encoding="utf-8"))
+    folder.mkdir(parents=True, exist_ok=True)
+    _clear(folder)
+    for path in model_files(source):
+        for file in (path, path.with_suffix(".vocab")):
+            if file.is_file():
+                atomic_write_bytes(folder / file.name, file.read_bytes())
+    meta = {**meta, "copied_from": str(source), **(extra_meta or {})}
+    atomic_write_text(folder / META_FILE, json.dumps(meta, indent=2) + "\n")  # last, as in train_tokenizer
+    return tok
+
+
 def train_tokenizer(
     cfg: TokenizerConfig, src_texts: Sequence[str], tgt_texts: Sequence[str], folder: str | Path,
     verbose: bool = False, extra_meta: dict | None = None,
 ) -> Tokenizer:
     """Train a joint or a separate source/target sentencepiece model, save it in `folder`, return it."""
     folder = Path(folder)
-    (folder / META_FILE).unlink(missing_ok=True)  # first: a crash below must not leave old + new files looking valid
-    for stale in (JOINT_FILE, SRC_FILE, TGT_FILE):
-        for path in (folder / stale, (folder / stale).with_suffix(".vocab")):
-            path.unlink(missing_ok=True)
+    _clear(folder)
     if cfg.joint:
         models = {JOINT_FILE: _train_one(cfg, [*src_texts, *tgt_texts], "joint tokenizer", verbose)}
     else:

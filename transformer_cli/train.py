@@ -95,7 +95,7 @@ def config_hash(cfg: Config) -> str:
 
 # Keys added after trainer_state.pt held only config_hash: such a checkpoint still resumes while they
 # keep their defaults (its hash was computed without them).
-KEYS_AFTER_HASH_ONLY = ("train.bidirectional_epochs",)
+KEYS_AFTER_HASH_ONLY = ("train.bidirectional_epochs", "train.init_from")
 
 
 def checkpoint_difference(state: dict, cfg: Config) -> str | None:
@@ -481,6 +481,15 @@ class Trainer:
         self.last_saved_step = self.progress.step
         return folder
 
+    def initialise_from(self, source: str) -> None:
+        """Fine-tuning: the weights of train.init_from; optimizer, schedule and counters start afresh."""
+        weights, _ = ck.init_source(source)
+        try:
+            ck.load_weights(self.model, weights)
+        except DataError as e:
+            raise DataError(f"train.init_from: {e}; its model section must match the config's") from None
+        self.log(f"initialised from {weights} (fine-tuning: new optimizer, schedule and step count)")
+
     # -- one update
 
     def train_update(self, batches: list, tokens: int, loss_acc: torch.Tensor, model) -> float:
@@ -620,6 +629,8 @@ class Trainer:
             folder = self.restore()
             self.log(f"resumed from {folder} at step {self.progress.step}, epoch {self.progress.epoch}, "
                      f"batch {self.progress.position}")
+        elif self.t.init_from:
+            self.initialise_from(self.t.init_from)
         self.load_records()
         self.tb = _tensorboard(self.run_dir) if self.dist.main else None
         model = self._wrap()
@@ -819,11 +830,12 @@ def check_limits(cfg: Config) -> None:
 def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, overwrite: bool = False,
           quiet: bool = False, resume_command: str = "tcli train --config CONFIG --resume") -> dict:
     """Prepare the data if needed, then train; returns a summary dict (see Trainer._summary)."""
-    from .data import prepare
+    from .data import adopt_init_tokenizer, prepare
 
     run_dir = Path(run_dir if run_dir is not None else cfg.run_dir)
     cfg.run_dir = str(run_dir)
     check_limits(cfg)
+    adopt_init_tokenizer(cfg)  # before the run-dir check: the saved config names the tokenizer used
     dist = init_distributed(cfg.train.device)
     held = contextlib.ExitStack()  # rank 0's run-dir lock, held until training ends
     try:
