@@ -250,6 +250,13 @@ def test_init_from_fine_tunes_a_trained_run_with_its_tokenizer(baseline, tiny_da
     assert scratch["step"] == tuned["step"] == 5
     assert tuned["train_loss"] < scratch["train_loss"] - 1.5, (tuned, scratch)
 
+    base = shutil.copytree(baseline, tmp_path / "base")  # a source run that goes away after the copy
+    gone = tmp_path / "gone"
+    in_process(gone, tiny_data, f"train.init_from={base}", "train.max_steps=5")
+    shutil.rmtree(base)
+    in_process(gone, tiny_data, f"train.init_from={base}", "train.max_steps=8", resume=True)  # the run's copy stands in
+    assert metrics(gone)[-1]["step"] == 8
+
     cfg = load_config(ft / "config.yaml")
     trainer = Trainer(cfg, ft, Dist(device=torch.device("cpu")), quiet=True, resume_command="")
     best = baseline / "checkpoints" / "best"

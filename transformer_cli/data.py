@@ -463,15 +463,22 @@ def _encode(tokenizer, d: DataConfig, src_text: list[str], tgt_text: list[str], 
     return side(tokenizer.encode_src, src_text), side(tokenizer.encode_tgt, tgt_text)
 
 
-def adopt_init_tokenizer(cfg: Config) -> Path | None:
+def adopt_init_tokenizer(cfg: Config, run_dir: Path | None = None) -> Path | None:
     """Fine-tuning (train.init_from): the tokenizer folder of the run the weights come from, whose settings
-    replace cfg.tokenizer so the run's saved config says what it uses; None without train.init_from."""
+    replace cfg.tokenizer so the run's saved config says what it uses; None without train.init_from.
+    Once run_dir holds its copy, that copy stands in when the source run is gone (a later --resume)."""
     if not cfg.train.init_from:
         return None
     from .checkpoint import init_source
     from .tokenizer import META_FILE
 
-    folder = init_source(cfg.train.init_from)[1] / "tokenizer"
+    try:
+        folder = init_source(cfg.train.init_from)[1] / "tokenizer"
+    except DataError:
+        copy = Path(run_dir or ".") / "tokenizer"
+        if run_dir is None or _read_meta(copy / META_FILE).get("init_from") != cfg.train.init_from:
+            raise
+        folder = copy
     meta = _read_meta(folder / META_FILE)
     if not isinstance(meta.get("settings"), dict):
         raise DataError(f"train.init_from: {folder / META_FILE} is missing or unreadable; that run was never prepared")
@@ -489,7 +496,7 @@ def prepare(cfg: Config, run_dir: str | Path, quiet: bool = False) -> dict:
     d = cfg.data
     run_dir = Path(run_dir)
     data_dir, tok_dir = run_dir / "data", run_dir / "tokenizer"
-    init_tok = adopt_init_tokenizer(cfg)
+    init_tok = adopt_init_tokenizer(cfg, run_dir)
     save_config(cfg, run_dir / "config.yaml")
     stems = split_stems(d)
     if "train" not in stems:
@@ -525,10 +532,12 @@ def prepare(cfg: Config, run_dir: str | Path, quiet: bool = False) -> dict:
         raise DataError(f"{d.path}: no training pairs left after dropping empty lines")
     texts["train"] = ([texts["train"][0][i] for i in keep], [texts["train"][1][i] for i in keep])
 
-    if _read_meta(tok_dir / META_FILE).get("cache_key") == tok_key:  # its training text is unchanged
+    own_copy = init_tok is not None and init_tok.resolve() == tok_dir.resolve()  # the source run is gone
+    if _read_meta(tok_dir / META_FILE).get("cache_key") == tok_key or own_copy:  # same training text or copy
         tokenizer, tok_state = Tokenizer.load(tok_dir), "reused"
     elif init_tok is not None:
-        tokenizer, tok_state = copy_tokenizer(init_tok, tok_dir, {"cache_key": tok_key}), f"copied from {init_tok}"
+        tokenizer = copy_tokenizer(init_tok, tok_dir, {"cache_key": tok_key, "init_from": cfg.train.init_from})
+        tok_state = f"copied from {init_tok}"
         _log(f"prepare: fine-tuning, so the tokenizer is {init_tok}'s (train.init_from)", quiet)
     else:
         t0 = time.perf_counter()

@@ -835,7 +835,7 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, 
     run_dir = Path(run_dir if run_dir is not None else cfg.run_dir)
     cfg.run_dir = str(run_dir)
     check_limits(cfg)
-    adopt_init_tokenizer(cfg)  # before the run-dir check: the saved config names the tokenizer used
+    adopt_init_tokenizer(cfg, run_dir)  # before the run-dir check: the saved config names the tokenizer used
     dist = init_distributed(cfg.train.device)
     held = contextlib.ExitStack()  # rank 0's run-dir lock, held until training ends
     try:
