@@ -246,6 +246,9 @@ def test_init_from_fine_tunes_a_trained_run_with_its_tokenizer(baseline, tiny_da
     assert (ft / "tokenizer" / "joint.model").read_bytes() == (baseline / "tokenizer" / "joint.model").read_bytes()
     saved = load_config(ft / "config.yaml")
     assert saved.tokenizer.vocab_size == VOCAB and saved.train.init_from == str(baseline)
+    shown = run_tcli("config", "--config", "configs/smoke.yaml", "--set", f"train.init_from={baseline}",
+                     "--set", "tokenizer.vocab_size=300")
+    assert shown.returncode == 0 and f"vocab_size: {VOCAB}\n" in shown.stdout, shown.stderr
     scratch, tuned = metrics(baseline)[0], metrics(ft)[0]
     assert scratch["step"] == tuned["step"] == 5
     assert tuned["train_loss"] < scratch["train_loss"] - 1.5, (tuned, scratch)

@@ -82,6 +82,7 @@ def config_cmd(
     import yaml
 
     from .config import config_doc, load_config
+    from .data import adopt_init_tokenizer
 
     if doc:
         typer.echo(config_doc(), nl=False)
@@ -89,6 +90,7 @@ def config_cmd(
     cfg = load_config(config, sets)
     if run_dir is not None:
         cfg.run_dir = str(run_dir)
+    adopt_init_tokenizer(cfg, Path(cfg.run_dir))  # fine-tuning: the tokenizer the run will use
     typer.echo(yaml.safe_dump(cfg.to_dict(), sort_keys=False), nl=False)
 
 
