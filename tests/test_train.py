@@ -255,7 +255,8 @@ def test_init_from_fine_tunes_a_trained_run_with_its_tokenizer(baseline, tiny_da
 
     base = shutil.copytree(baseline, tmp_path / "base")  # a source run that goes away after the copy
     gone = tmp_path / "gone"
-    in_process(gone, tiny_data, f"train.init_from={base}", "train.max_steps=5")
+    started = run_tcli(*train_args(gone, tiny_data, "--init-from", str(base), "--set", "train.max_steps=5"))
+    assert started.returncode == 0 and "initialised from" in started.stderr, started.stderr
     shutil.rmtree(base)
     in_process(gone, tiny_data, f"train.init_from={base}", "train.max_steps=8", resume=True)  # the run's copy stands in
     assert metrics(gone)[-1]["step"] == 8

@@ -101,12 +101,18 @@ def train(
     run_dir: Optional[Path] = RunDirOpt,
     resume: bool = typer.Option(False, "--resume", help="Continue from checkpoints/last at the exact batch."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Delete the run dir's checkpoints and metrics first."),
+    init_from: Optional[str] = typer.Option(
+        None, "--init-from", metavar="PATH",
+        help="Fine-tune: start from this run dir's best weights (or a checkpoint folder) with its tokenizer; "
+             "the same as --set train.init_from=PATH."),
     quiet: bool = QuietOpt,
 ) -> None:
     """Train a model (prepares the data first when needed); works under torchrun for several processes."""
     import json
     import shlex
 
+    if init_from is not None:
+        sets = [*(sets or []), f"train.init_from={init_from}"]
     cfg = load_cli_config(config, sets, run_dir)  # before importing torch: a bad config fails in a second
     from .train import train as run_training
 
