@@ -323,6 +323,9 @@ def test_resume_names_the_changed_key_and_accepts_checkpoints_older_than_a_new_k
     cfg.train.bidirectional_epochs = 1  # the new key away from its default: not what the hash was made of
     assert checkpoint_difference(legacy, cfg) == "a training key"
     assert checkpoint_difference(dict(legacy, config_hash=_hash(identity(cfg))), cfg) is None
+    cfg.train.bidirectional_epochs = 0
+    bit_era = {k: v for k, v in identity(cfg).items() if k != "train.init_from"}  # knew only the first key
+    assert checkpoint_difference(dict(legacy, config_hash=_hash(bit_era)), cfg) is None
     torch.save(legacy, state_path)
     in_process(run, tiny_data, "train.max_steps=50", resume=True)
     assert metrics(run)[-1]["step"] == 50

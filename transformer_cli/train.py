@@ -93,8 +93,8 @@ def config_hash(cfg: Config) -> str:
     return _hash(identity(cfg))
 
 
-# Keys added after trainer_state.pt held only config_hash: such a checkpoint still resumes while they
-# keep their defaults (its hash was computed without them).
+# Keys added while trainer_state.pt held only config_hash, oldest first: such a checkpoint still resumes
+# while they keep their defaults (its hash was computed without the keys added after it).
 KEYS_AFTER_HASH_ONLY = ("train.bidirectional_epochs", "train.init_from")
 
 
@@ -104,8 +104,11 @@ def checkpoint_difference(state: dict, cfg: Config) -> str | None:
     now, defaults = identity(cfg), identity(Config())
     saved = state.get("config")
     if saved is None:  # older checkpoints store only the hash
-        known = {k: v for k, v in now.items() if not (k in KEYS_AFTER_HASH_ONLY and v == defaults[k])}
-        return None if state.get("config_hash") in (_hash(now), _hash(known)) else "a training key"
+        hashes = []
+        for i in range(len(KEYS_AFTER_HASH_ONLY) + 1):  # the checkpoint knew the keys before i
+            later = KEYS_AFTER_HASH_ONLY[i:]
+            hashes.append(_hash({k: v for k, v in now.items() if not (k in later and v == defaults[k])}))
+        return None if state.get("config_hash") in hashes else "a training key"
     for key in sorted(now.keys() | saved.keys()):
         old, new = saved.get(key, defaults.get(key)), now.get(key, defaults.get(key))
         if old != new:
