@@ -244,6 +244,7 @@ def test_init_from_fine_tunes_a_trained_run_with_its_tokenizer(baseline, tiny_da
                          "train.max_steps=5", "train.valid_every=5")
     assert summary["step"] == 5
     assert (ft / "tokenizer" / "joint.model").read_bytes() == (baseline / "tokenizer" / "joint.model").read_bytes()
+    assert json.loads((ft / "tokenizer" / "tokenizer.json").read_text())["init_from"] == str(baseline)
     saved = load_config(ft / "config.yaml")
     assert saved.tokenizer.vocab_size == VOCAB and saved.train.init_from == str(baseline)
     shown = run_tcli("config", "--config", "configs/smoke.yaml", "--set", f"train.init_from={baseline}",

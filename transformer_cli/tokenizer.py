@@ -188,7 +188,7 @@ def copy_tokenizer(source: str | Path, folder: str | Path, extra_meta: dict | No
         for file in (path, path.with_suffix(".vocab")):
             if file.is_file():
                 atomic_write_bytes(folder / file.name, file.read_bytes())
-    meta = {**meta, "copied_from": str(source), **(extra_meta or {})}
+    meta = {**meta, **(extra_meta or {})}
     atomic_write_text(folder / META_FILE, json.dumps(meta, indent=2) + "\n")  # last, as in train_tokenizer
     return tok
 

@@ -455,7 +455,7 @@ class Trainer:
             "scaler": self.scaler.state_dict() if self.scaler else {},
             "rng": rngs,
             "world_size": self.dist.world,
-            "config_hash": config_hash(self.cfg),
+            "config_hash": config_hash(self.cfg),  # what tcli before "config" compares on --resume
             "config": identity(self.cfg),
         }
 
