@@ -275,3 +275,50 @@ def test_a_crashed_rebuild_never_passes_for_the_old_cache(sources, tmp_path, mon
     again = prepare(cfg, tmp_path, quiet=True)
     assert not again["cached"] and again["splits"] == good["splits"]
     assert len(load_split(tmp_path, "train")) == good["splits"]["train"]["pairs"]
+
+
+def test_extra_source_languages_add_training_pairs_for_the_same_targets(sources, pairs, tmp_path):
+    import shutil
+
+    folder = tmp_path / "three_way"
+    shutil.copytree(sources["text"].path, folder)
+    en = [t for _, t in pairs["train"]]
+    fr = [f"Traduction {i} : {t.lower()}" for i, t in enumerate(en)]  # a third side, aligned with en
+    (folder / "train.fr").write_text("".join(x + "\n" for x in fr), encoding="utf-8")
+    d = with_splits(DataConfig(format="text", path=str(folder)), extra_src_langs=["fr"], max_ratio=0.0, max_len=10_000)
+    summary = prepare(small_config(d), tmp_path / "run", quiet=True)
+    train = load_split(tmp_path / "run", "train")
+    kept = lambda rows: [(s, t) for s, t in rows if normalize(s) and normalize(t)]  # noqa: E731
+    # the German pairs, then every French line with the English line it is aligned with
+    assert list(zip(train.src_text, train.tgt_text)) == kept(pairs["train"]) + kept(zip(fr, en))
+    assert summary["splits"]["train"]["lines"] == 2 * len(en)
+    tok = Tokenizer.load(tmp_path / "run" / "tokenizer")
+    assert len(tok.encode_src(["Traduction"])[0]) == 1  # the tokenizer learned from the French side
+    for name, split in (("valid", "validation"), ("test", "test")):  # evaluation stays de -> en
+        assert list(zip(*(lambda e: (e.src_text, e.tgt_text))(load_split(tmp_path / "run", name)))) == pairs[split]
+
+    d.max_train_pairs = 5  # the first 5 lines of each source language
+    prepare(small_config(d), tmp_path / "run5", quiet=True)
+    five = load_split(tmp_path / "run5", "train")
+    assert list(zip(five.src_text, five.tgt_text)) == kept(pairs["train"][:5]) + kept(zip(fr[:5], en[:5]))
+
+    (folder / "train.fr").write_text("".join(x + "\n" for x in fr[:-1]), encoding="utf-8")
+    with pytest.raises(DataError, match=r"train\.fr has \d+ lines but .*train\.en has \d+ lines"):
+        prepare(small_config(d), tmp_path / "run_bad", quiet=True)
+    (folder / "train.fr").unlink()
+    with pytest.raises(DataError, match=r"train\.fr: file not found"):
+        prepare(small_config(d), tmp_path / "run_bad", quiet=True)
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"extra_src_langs": ["de"]}, "distinct language codes other than"),
+    ({"extra_src_langs": ["fr", "fr"]}, "distinct language codes other than"),
+    ({"extra_src_langs": "fr"}, "must be list"),
+    ({"extra_src_langs": ["fr"], "format": "tsv"}, "needs data.format: text"),
+])
+def test_extra_source_languages_are_checked(data, message):
+    from transformer_cli.config import from_dict
+    from transformer_cli.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        from_dict({"data": data}, "x.yaml")

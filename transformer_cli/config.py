@@ -31,6 +31,7 @@ class DataConfig:
     path: str = "data/multi30k"  # folder of the files (text/tsv/jsonl), or hub dataset name
     src_lang: str = "de"  # source language code (file suffix / column)
     tgt_lang: str = "en"  # target language code (file suffix / column)
+    extra_src_langs: list = field(default_factory=list)  # text: more source languages whose train files align with the target's (many-to-one)
     train_split: str = "train"  # file stem (text: train.de.gz) or hub split name
     valid_split: str = "val"  # validation split (model selection)
     test_split: str = "test_2016_flickr"  # test split (final scores only)
@@ -315,6 +316,13 @@ def validate(cfg: Config, where: str = "config") -> None:
                           "vocabulary for both sides: set tokenizer.joint: true")
     if cfg.data.src_lang == cfg.data.tgt_lang:
         raise ConfigError(f"{where}: keys 'data.src_lang' and 'data.tgt_lang' must differ")
+    extra = cfg.data.extra_src_langs
+    if extra and cfg.data.format != "text":
+        raise ConfigError(f"{where}: key 'data.extra_src_langs' needs data.format: text (aligned files train.<lang>)")
+    if not all(isinstance(x, str) and x for x in extra) or len(set(extra)) < len(extra) \
+            or {cfg.data.src_lang, cfg.data.tgt_lang} & set(extra):
+        raise ConfigError(f"{where}: key 'data.extra_src_langs' must list distinct language codes other than "
+                          f"data.src_lang and data.tgt_lang, got {extra!r}")
     if m.tie_embeddings and not cfg.tokenizer.joint:
         raise ConfigError(
             f"{where}: key 'model.tie_embeddings' needs a joint vocabulary (set tokenizer.joint: true)"

@@ -205,12 +205,15 @@ def _find(folder: Path, stem: str) -> Path | None:
     return None
 
 
-def source_files(d: DataConfig, split: str, quiet: bool = True) -> list[Path]:
-    """The local files holding one split (downloading Multi30k when allowed); [] for a hub data set."""
+def source_files(d: DataConfig, split: str, quiet: bool = True, extra_src: Sequence[str] = ()) -> list[Path]:
+    """The local files holding one split (downloading Multi30k when allowed); [] for a hub data set.
+
+    Text format: source, target, then one file per language of `extra_src` (data.extra_src_langs)."""
     folder = Path(d.path)
     if d.format == "hub":
         return sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")) if folder.is_dir() else []
-    stems = [f"{split}.{d.src_lang}", f"{split}.{d.tgt_lang}"] if d.format == "text" else [f"{split}.{d.format}"]
+    langs = [d.src_lang, d.tgt_lang, *extra_src]
+    stems = [f"{split}.{lang}" for lang in langs] if d.format == "text" else [f"{split}.{d.format}"]
     found = [_find(folder, s) for s in stems]
     missing = [s for s, p in zip(stems, found) if p is None]
     if missing and d.format == "text" and d.download:
@@ -313,16 +316,23 @@ def _check_tsv(path: Path, text: str) -> list[str]:
     return columns
 
 
-def read_pairs(d: DataConfig, split: str, quiet: bool = True) -> tuple[list[str], list[str]]:
-    """Source and target lines of one split (a file stem or hub split name), in file order."""
-    files = source_files(d, split, quiet)
+def read_pairs(d: DataConfig, split: str, quiet: bool = True, extra_src: Sequence[str] = ()) -> tuple[list[str], list[str]]:
+    """Source and target lines of one split (a file stem or hub split name), in file order.
+
+    Each language of `extra_src` adds its lines as more sources of the same target lines, after
+    the main pairs (many-to-one training on multi-way data such as Multi30k's de/en/fr)."""
+    files = source_files(d, split, quiet, extra_src)
     if d.format == "text":
-        src, tgt = read_lines(files[0]), read_lines(files[1])
-        if len(src) != len(tgt):
-            raise DataError(
-                f"{files[0]} has {len(src)} lines but {files[1]} has {len(tgt)} lines; parallel files must align line by line"
-            )
-        return src, tgt
+        tgt = read_lines(files[1])
+        src: list[str] = []
+        for path in [files[0], *files[2:]]:
+            lines = read_lines(path)
+            if len(lines) != len(tgt):
+                raise DataError(
+                    f"{path} has {len(lines)} lines but {files[1]} has {len(tgt)} lines; parallel files must align line by line"
+                )
+            src += lines
+        return src, tgt * (len(src) // len(tgt) if tgt else 1)
     if d.format == "hub":
         return _read_hub(d, split, quiet, local=Path(d.path).is_dir())
     path = files[0]
@@ -444,9 +454,11 @@ def _read_splits(d: DataConfig, stems: dict, files: dict, quiet: bool) -> dict:
     """{split: (raw source lines, raw target lines)}, with data.max_train_pairs applied."""
     raw = {}
     for name, stem in stems.items():
-        src, tgt = read_pairs(d, stem, quiet)
-        if name == "train" and d.max_train_pairs:
-            src, tgt = src[: d.max_train_pairs], tgt[: d.max_train_pairs]
+        src, tgt = read_pairs(d, stem, quiet, d.extra_src_langs if name == "train" else ())
+        if name == "train" and d.max_train_pairs:  # the first N lines of each source language
+            per = len(src) // (1 + len(d.extra_src_langs))
+            rows = [b * per + i for b in range(1 + len(d.extra_src_langs)) for i in range(min(per, d.max_train_pairs))]
+            src, tgt = [src[i] for i in rows], [tgt[i] for i in rows]
         if not src:
             raise DataError(f"{', '.join(map(str, files[name])) or d.path}: the {name} split ('{stem}') is empty")
         raw[name] = (src, tgt)
@@ -504,7 +516,7 @@ def prepare(cfg: Config, run_dir: str | Path, quiet: bool = False) -> dict:
 
     # Cache keys: settings + content hashes of the data files (re-hashed only when size/mtime moved).
     meta = _read_meta(data_dir / "meta.json")
-    files = {name: source_files(d, stem, quiet) for name, stem in stems.items()}
+    files = {name: source_files(d, stem, quiet, d.extra_src_langs if name == "train" else ()) for name, stem in stems.items()}
     prints = {name: fingerprint_files(fs, meta.get("files", {})) for name, fs in files.items()}
     sha = {name: [f["sha256"] for f in p.values()] for name, p in prints.items()}
     settings = {k: v for k, v in asdict(d).items() if k not in _NOT_IN_KEY}
