@@ -54,3 +54,13 @@ def test_line_count_mismatch_names_both_files(tmp_path):
     ref.write_text("a\nb\nc\n", encoding="utf-8")
     with pytest.raises(DataError, match=r"h\.txt has 2 lines but .*r\.txt has 3"):
         score_files(hyp, ref)
+
+
+def test_empty_files_are_an_error_not_a_crash(tmp_path):
+    hyp, ref = tmp_path / "h.txt", tmp_path / "r.txt"
+    hyp.write_text("", encoding="utf-8")
+    ref.write_text("", encoding="utf-8")
+    with pytest.raises(DataError, match=r"r\.txt is empty; there is nothing to score .*h\.txt against"):
+        score_files(hyp, ref)
+    with pytest.raises(DataError, match="no sentences to score"):
+        corpus_scores([], [])

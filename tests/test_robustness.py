@@ -283,6 +283,11 @@ def hyp_ref(ctx):
     write(ctx.tmp / "ref.txt", "a dog runs\na cat sits\n")
 
 
+def empty_hyp_ref(ctx):
+    write(ctx.tmp / "hyp.txt", "")
+    write(ctx.tmp / "ref.txt", "")
+
+
 def broken_metrics(ctx):
     with open(ctx.run / "metrics.jsonl", "a", encoding="utf-8") as f:
         f.write('{"step": 31, "train_loss": \n')
@@ -490,6 +495,8 @@ CASES = [
          run="copy", check=marker_absent),
     Case("eval-line-count-mismatch", ("eval", "--hyp", "{tmp}/hyp.txt", "--ref", "{tmp}/ref.txt"), 2,
          "hyp.txt has 3 lines but {tmp}/ref.txt has 2; the hypothesis file needs one line per reference line", hyp_ref),
+    Case("eval-empty-files", ("eval", "--hyp", "{tmp}/hyp.txt", "--ref", "{tmp}/ref.txt"), 2,
+         "{tmp}/ref.txt is empty; there is nothing to score {tmp}/hyp.txt against", empty_hyp_ref),
     Case("output-under-a-file", (*TRANSLATE, "-o", "{tmp}/in.txt/out.txt"), 1,
          "cannot write {tmp}/in.txt/out.txt: {tmp}/in.txt is a file, not a folder", source_lines("Ein Hund."),
          stdin=b"Ein Hund.\n"),

@@ -18,6 +18,8 @@ def corpus_scores(hyps: Sequence[str], refs: Sequence[str], tokenize: str = "13a
 
     if len(hyps) != len(refs):
         raise DataError(f"{len(hyps)} hypotheses but {len(refs)} references; give one hypothesis per reference line")
+    if not refs:  # sacrebleu would fail with an IndexError
+        raise DataError("no sentences to score (0 hypotheses and 0 references)")
     hyps, refs = list(hyps), [list(refs)]
     out: dict = {"num_sentences": len(hyps)}
     for key, metric in (
@@ -57,6 +59,8 @@ def score_files(hyp_path: str | Path, ref_path: str | Path, tokenize: str = "13a
             f"{hyp_path} has {len(hyps)} lines but {ref_path} has {len(refs)}; "
             "the hypothesis file needs one line per reference line"
         )
+    if not refs:
+        raise DataError(f"{ref_path} is empty; there is nothing to score {hyp_path} against")
     return corpus_scores(hyps, refs, tokenize)
 
 
