@@ -466,4 +466,10 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from transformer_cli.errors import TcliError
+
+    try:
+        main()
+    except TcliError as e:  # a bad run dir or config: one line, as tcli itself reports it
+        log(f"error: {e}")
+        sys.exit(e.exit_code)

@@ -277,3 +277,15 @@ def test_seeds_trains_another_seed_and_reports_the_ensemble(pipeline, tmp_path):
     assert "| ensemble of 2 x averaged (2 ckpts), seeds 1, 2 |" in readme
     assert "| averaged (2 ckpts), seed 2 |" in readme
     assert not (out / "training_tiny_seed2.png").exists()  # curves of the config's own run only
+
+
+def test_record_of_a_run_with_a_bad_config_is_one_line_not_a_traceback(tmp_path):
+    run = tmp_path / "run"
+    (run / "bench").mkdir(parents=True)
+    (run / "config.yaml").write_text("data:\n  no_such_key: 1\n", encoding="utf-8")
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "benchmark.py"), "record", "--run-dir", str(run),
+                          "--config", "configs/multi30k_de_en.yaml", "--mode", "full"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith(f"benchmark: error: {run / 'config.yaml'}: unknown key 'data.no_such_key'")
