@@ -295,7 +295,8 @@ def test_extra_source_languages_add_training_pairs_for_the_same_targets(sources,
     tok = Tokenizer.load(tmp_path / "run" / "tokenizer")
     assert len(tok.encode_src(["Traduction"])[0]) == 1  # the tokenizer learned from the French side
     for name, split in (("valid", "validation"), ("test", "test")):  # evaluation stays de -> en
-        assert list(zip(*(lambda e: (e.src_text, e.tgt_text))(load_split(tmp_path / "run", name)))) == pairs[split]
+        enc = load_split(tmp_path / "run", name)
+        assert list(zip(enc.src_text, enc.tgt_text)) == pairs[split]
 
     d.max_train_pairs = 5  # the first 5 lines of each source language
     prepare(small_config(d), tmp_path / "run5", quiet=True)

@@ -323,16 +323,16 @@ def read_pairs(d: DataConfig, split: str, quiet: bool = True, extra_src: Sequenc
     the main pairs (many-to-one training on multi-way data such as Multi30k's de/en/fr)."""
     files = source_files(d, split, quiet, extra_src)
     if d.format == "text":
-        tgt = read_lines(files[1])
+        tgt, sources = read_lines(files[1]), [files[0], *files[2:]]
         src: list[str] = []
-        for path in [files[0], *files[2:]]:
+        for path in sources:
             lines = read_lines(path)
             if len(lines) != len(tgt):
                 raise DataError(
                     f"{path} has {len(lines)} lines but {files[1]} has {len(tgt)} lines; parallel files must align line by line"
                 )
             src += lines
-        return src, tgt * (len(src) // len(tgt) if tgt else 1)
+        return src, tgt * len(sources)
     if d.format == "hub":
         return _read_hub(d, split, quiet, local=Path(d.path).is_dir())
     path = files[0]
