@@ -418,6 +418,8 @@ CASES = [
          "key 'model.num_heads' (5) must divide model.d_model (64)"),
     Case("no-stop-condition", (*TRAIN_NEW, "--set", "train.max_steps=0"), 2,
          "set at least one of train.max_steps", check=no_run_dir),
+    Case("no-valid-split", (*TRAIN_NEW, "--set", "data.valid_split="), 2,
+         "data.valid_split is empty, but training validates", check=no_run_dir),
     # -- input data (tcli prepare)
     Case("data-file-missing", PREPARE, 2,
          "data/val.en: file not found (also tried .gz); check data.path and data.valid_split", drop_val_en),

@@ -823,11 +823,14 @@ def _tensorboard(run_dir: Path):
 
 
 def check_limits(cfg: Config) -> None:
-    """At least one stop condition must be set."""
+    """At least one stop condition must be set, and a validation split."""
     t = cfg.train
     if not (t.max_steps or t.max_epochs or t.max_minutes or t.patience):
         raise ConfigError("set at least one of train.max_steps, train.max_epochs, train.max_minutes or "
                           "train.patience, or training never stops")
+    if not cfg.data.valid_split:  # prepare skips an empty split name; training validates and keeps the best
+        raise ConfigError("data.valid_split is empty, but training validates every train.valid_every updates "
+                          "and keeps the best checkpoints by it; name a validation split")
 
 
 def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, overwrite: bool = False,
