@@ -93,6 +93,8 @@ def distill(args) -> str:
         raise ConfigError("--no-original without --teacher leaves only back-translated sources; add --teacher")
     if args.ensemble and not args.teacher:
         raise ConfigError("--ensemble adds members to --teacher; give --teacher too")
+    if d.format != "hub" and args.out.resolve() == Path(d.path).resolve():
+        raise ConfigError(f"--out {args.out} is the config's data.path: writing there would replace the original files")
     # load every model first: a wrong run dir fails before minutes of translating
     forward = load_teacher("--teacher", args.teacher, args.ensemble, d.src_lang, d.tgt_lang, args) if args.teacher else None
     backward = load_teacher("--backward", args.backward, [], d.tgt_lang, d.src_lang, args) if args.backward else None

@@ -85,9 +85,10 @@ def test_distilled_only_and_errors(smoke_run, backward_run, tmp_path):  # noqa: 
         (["--teacher", backward_run], "translates en -> de; it must translate de -> en"),
         (["--backward", smoke_run], "translates de -> en; it must translate en -> de"),
         (["--backward", backward_run, "--no-original"], "--no-original without --teacher"),
+        (["--teacher", smoke_run, "--out", "data/multi30k"], "is the config's data.path"),
         ([], "give --teacher"),
     ):
-        bad = distill("--out", tmp_path / "bad", "--checkpoint", "last", *args)
+        bad = distill("--out", tmp_path / "bad", "--checkpoint", "last", *args)  # a later --out wins
         assert bad.returncode == 2, bad.stderr
         assert words in bad.stderr and "Traceback" not in bad.stderr
         assert len(bad.stderr.strip().splitlines()) == 1
