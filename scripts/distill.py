@@ -93,6 +93,9 @@ def distill(args) -> str:
         raise ConfigError("--no-original without --teacher leaves only back-translated sources; add --teacher")
     if args.ensemble and not args.teacher:
         raise ConfigError("--ensemble adds members to --teacher; give --teacher too")
+    if d.extra_src_langs:
+        raise ConfigError("data.extra_src_langs: distill.py reads the configured pair only; set it to [] "
+                          "(--set 'data.extra_src_langs=[]')")
     if d.format != "hub" and args.out.resolve() == Path(d.path).resolve():
         raise ConfigError(f"--out {args.out} is the config's data.path: writing there would replace the original files")
     # load every model first: a wrong run dir fails before minutes of translating
@@ -118,9 +121,8 @@ def distill(args) -> str:
         if split and split != d.train_split:
             link_or_write(d, split, out)
     log(f"wrote {len(out_src)} training pairs to {out}")
-    sets = " ".join(f"--set {shlex.quote(s)}" for s in args.set or [])
-    return (f"tcli train --config {shlex.quote(str(args.config))} {sets} --set data.path={shlex.quote(str(out))} "
-            "--set data.format=text --set data.max_train_pairs=0").replace("  ", " ")
+    sets = [*(args.set or []), f"data.path={out}", "data.format=text", "data.max_train_pairs=0"]
+    return shlex.join(["tcli", "train", "--config", str(args.config), *(w for s in sets for w in ("--set", s))])
 
 
 def main() -> None:

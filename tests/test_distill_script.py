@@ -86,6 +86,7 @@ def test_distilled_only_and_errors(smoke_run, backward_run, tmp_path):  # noqa: 
         (["--backward", smoke_run], "translates de -> en; it must translate en -> de"),
         (["--backward", backward_run, "--no-original"], "--no-original without --teacher"),
         (["--teacher", smoke_run, "--out", "data/multi30k"], "is the config's data.path"),
+        (["--teacher", smoke_run, "--set", "data.extra_src_langs=[fr]"], "data.extra_src_langs: distill.py reads"),
         ([], "give --teacher"),
     ):
         bad = distill("--out", tmp_path / "bad", "--checkpoint", "last", *args)  # a later --out wins
