@@ -52,14 +52,19 @@ def load_teacher(role: str, run_dir: Path, ensemble: list[Path], src: str, tgt: 
     return translator
 
 
-def translate_all(translator, lines: list[str], what: str, quiet: bool) -> list[str]:
-    """Translations of `lines`, one line each (an empty line stays empty)."""
+def translate_all(translator, lines: list[str], what: str, quiet: bool, original: list[str]) -> list[str]:
+    """Translations of `lines`, one line each (an empty line stays empty).
+
+    Logs their length against `original` (the side they stand in for), in words: a teacher whose beam
+    output is short passes that on to the student, and beam search shortens the student's again."""
     from transformer_cli.translator import one_line
 
     start = time.perf_counter()
     out = [one_line(t) for t in translator.translate(lines, progress=not quiet)]
     secs = time.perf_counter() - start
-    log(f"{what}: translated {len(lines)} lines in {secs:.0f} s ({len(lines) / max(secs, 1e-9):.1f} lines/s)")
+    ratio = sum(len(t.split()) for t in out) / max(1, sum(len(t.split()) for t in original))
+    log(f"{what}: translated {len(lines)} lines in {secs:.0f} s ({len(lines) / max(secs, 1e-9):.1f} lines/s); "
+        f"length {ratio:.3f}x the original's, in words")
     return out
 
 
@@ -109,9 +114,9 @@ def distill(args) -> str:
     out_tgt: list[str] = [] if args.no_original else list(tgt)
     if forward is not None:
         out_src += src
-        out_tgt += translate_all(forward, src, "forward", args.quiet)
+        out_tgt += translate_all(forward, src, "forward", args.quiet, tgt)
     if backward is not None:
-        out_src += translate_all(backward, tgt, "backward", args.quiet)
+        out_src += translate_all(backward, tgt, "backward", args.quiet, src)
         out_tgt += tgt
     out = args.out
     out.mkdir(parents=True, exist_ok=True)

@@ -64,6 +64,11 @@ def test_original_forward_and_backward_parts(smoke_run, backward_run, multi30k, 
     assert got_en[PAIRS:2 * PAIRS] == translate(smoke_run, de, tmp_path, "last")
     assert got_de[2 * PAIRS:] == translate(backward_run, en, tmp_path, "last")
     assert got_en[2 * PAIRS:] == en
+    # the logged lengths: translations' words over the original side's words
+    for what, hyp, ref in (("forward", got_en[PAIRS:2 * PAIRS], en), ("backward", got_de[2 * PAIRS:], de)):
+        ratio = sum(len(x.split()) for x in hyp) / sum(len(x.split()) for x in ref)
+        assert f"{what}: translated {PAIRS} lines" in result.stderr
+        assert f"length {ratio:.3f}x the original's, in words" in result.stderr
     for name in ("val.de.gz", "val.en.gz", "test_2016_flickr.de.gz", "test_2016_flickr.en.gz"):
         assert (out / name).resolve() == (multi30k / name).resolve()  # linked, not copied
     # the printed command trains a student on the folder: its data reads as 3 x PAIRS pairs
