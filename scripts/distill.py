@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from transformer_cli.config import load_config  # noqa: E402
 from transformer_cli.data import read_pairs, source_files  # noqa: E402
 from transformer_cli.errors import ConfigError, TcliError  # noqa: E402
-from transformer_cli.io_utils import atomic_path  # noqa: E402
+from transformer_cli.io_utils import atomic_write_text  # noqa: E402
 
 
 def log(message: str) -> None:
@@ -69,8 +69,7 @@ def translate_all(translator, lines: list[str], what: str, quiet: bool, original
 
 
 def write_lines(path: Path, lines: list[str]) -> None:
-    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(line + "\n" for line in lines)
+    atomic_write_text(path, "".join(line + "\n" for line in lines))
 
 
 def link_or_write(d, split: str, out: Path) -> None:
