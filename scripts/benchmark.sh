@@ -81,12 +81,22 @@ if [[ $QUICK == 1 && ! -f $DOC ]]; then cp docs/benchmarks.md "$DOC"; fi
 README="${README:-$([[ $QUICK == 1 ]] && echo "$OUT/README.md" || echo README.md)}"
 if [[ $QUICK == 1 && ! -f $README ]]; then cp README.md "$README"; fi
 
-if command -v tcli >/dev/null 2>&1; then TCLI=(tcli); else TCLI=(python -m transformer_cli); fi
+log() { echo "benchmark: $*" >&2; }
+
+# `tcli` from PATH only when it runs this checkout's code: an install from another clone would be
+# measured (and recorded) instead. `python -m` from here imports ./transformer_cli.
+TCLI=(python -m transformer_cli)
+if command -v tcli >/dev/null 2>&1; then
+  if [[ "$(tcli info 2>/dev/null | sed -n 's/^package //p')" == "$(pwd -P)/transformer_cli" ]]; then
+    TCLI=(tcli)
+  else
+    log "the tcli on PATH runs another copy of the code; using python -m transformer_cli from $(pwd -P)"
+  fi
+fi
 PY=(python scripts/benchmark.py)
 SET_ARGS=()
 for s in ${SETS[@]+"${SETS[@]}"}; do SET_ARGS+=(--set "$s"); done
 
-log() { echo "benchmark: $*" >&2; }
 step_start=$SECONDS
 elapsed() { echo "$((SECONDS - step_start))s"; }
 

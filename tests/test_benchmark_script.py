@@ -142,6 +142,23 @@ def test_rerun_skips_finished_runs(pipeline):
     assert (pipeline["out"] / "training_tiny.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # drawn again
 
 
+def test_a_tcli_on_path_from_another_checkout_is_not_used(pipeline, tmp_path):
+    """An installed tcli whose package lies elsewhere would measure other code: python -m runs instead."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "tcli"
+    fake.write_text('#!/bin/sh\nif [ "$1" = info ]; then echo "package /elsewhere/transformer_cli"; exit 0; fi\n'
+                    'echo "fake tcli ran: $*" >&2; exit 3\n', encoding="utf-8")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
+    again = subprocess.run(["bash", str(ROOT / "scripts" / "benchmark.sh"), "--quick", "--configs",
+                            str(pipeline["config"]), "--runs", str(pipeline["runs"]), "--out", str(tmp_path / "out"),
+                            "--no-speed"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "runs another copy of the code" in again.stderr and "fake tcli ran" not in again.stderr
+    assert (tmp_path / "out" / "training_tiny.png").is_file()  # plotted by this checkout's code
+
+
 def test_jobs_runs_configs_side_by_side_and_reports_each_failure(pipeline, tmp_path):
     """--jobs 2: a new config trains in the background next to a finished one; a bad one fails alone."""
     second = tmp_path / "tiny_b.yaml"

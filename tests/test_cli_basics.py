@@ -2,7 +2,7 @@
 
 from transformer_cli import __version__
 
-from .conftest import run_tcli
+from .conftest import ROOT, run_tcli
 
 
 def test_version():
@@ -21,6 +21,7 @@ def test_info_names_device():
     r = run_tcli("info")
     assert r.returncode == 0, r.stderr
     assert "torch" in r.stdout and "device cpu" in r.stdout
+    assert f"package {ROOT.resolve() / 'transformer_cli'}" in r.stdout.splitlines()  # run from ROOT: this checkout
 
 
 def test_onednn_primitive_cache_is_capped_unless_the_user_set_it():

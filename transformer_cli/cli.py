@@ -56,7 +56,7 @@ def load_cli_config(config: Path, sets: Optional[List[str]], run_dir: Optional[P
 
 @app.command()
 def info() -> None:
-    """Print the versions of tcli and torch and the device that would be used."""
+    """Print the versions of tcli and torch, the device that would be used and where the package lives."""
     import platform
 
     import torch
@@ -69,6 +69,7 @@ def info() -> None:
     typer.echo(f"torch {torch.__version__}")
     typer.echo(f"python {platform.python_version()}")
     typer.echo(f"device {device.type} ({name}, {torch.get_num_threads()} CPU threads)")
+    typer.echo(f"package {Path(__file__).resolve().parent}")  # which copy of the code runs
 
 
 @app.command("config")
