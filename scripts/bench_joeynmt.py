@@ -28,6 +28,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -119,8 +120,7 @@ def run(variant: str, args, work: Path, joey_cfg: Path) -> dict:
                "--set", f"train.log_every={WINDOW}", "--set", f"train.threads={args.threads}",
                "--set", f"train.precision={precision}", "--set", "train.max_minutes=0",
                "--set", f"train.seed={args.seed}"]
-        if run_dir.exists():  # a fresh run each time; the prepared data is cached outside it
-            subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+        shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run each time
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
