@@ -2,8 +2,9 @@
 
 Issue 7 asks that tcli train faster than the alternatives on the same machine; JoeyNMT is the one
 it names. Both toolkits train the shape of a tcli config (default: configs/multi30k_de_en.yaml,
-4+4 layers x d_model 128) on Multi30k with the run's own joint sentencepiece model, `max_tokens`
-target-side tokens per batch, tied embeddings, pre-LN, the same dropout, label smoothing and lr.
+4+4 layers x d_model 128) on Multi30k with the run's own joint sentencepiece model, batches of
+`max_tokens` (longest side x sentences, padding included, as both count it), tied embeddings,
+pre-LN, the same dropout, label smoothing and lr.
 Each run is a fresh process that trains `--steps` updates with no validation; the figure is the
 target tokens/s each toolkit logs per 50-update window (non-padding target tokens / wall time;
 the first window, with start-up and warm-up, is dropped), median over windows and repeats. The
@@ -127,8 +128,8 @@ def run(variant: str, args, work: Path, joey_cfg: Path) -> dict:
     if proc.returncode != 0:
         sys.exit(f"bench_joeynmt: {variant} failed ({proc.returncode}): {proc.stderr.strip()[-800:]}")
     if variant.startswith("joeynmt"):
-        log = (work / "joey_model" / "train.log")
-        rates = joey_rates(log.read_text() if log.exists() else proc.stderr + proc.stdout)
+        log = work / "joey_model" / "train.log"  # JoeyNMT empties its model_dir first (overwrite: True)
+        rates = joey_rates(log.read_text()) if log.exists() else []
     else:
         rates = tcli_rates(run_dir / "metrics.jsonl")
     if len(rates) < 2:
