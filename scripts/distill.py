@@ -135,7 +135,7 @@ def main() -> None:
     ap.add_argument("--set", action="append", help="override a config key, as with tcli (repeatable)")
     ap.add_argument("--out", type=Path, required=True, help="folder to write (text format)")
     ap.add_argument("--teacher", type=Path, help="SRC->TGT run dir: forward translations of the sources")
-    ap.add_argument("--ensemble", type=Path, action="append", default=[], help="more teacher run dirs (repeatable)")
+    ap.add_argument("--ensemble", type=Path, action="append", default=[], help="more teacher run dirs, or checkpoint folders inside run dirs (repeatable)")
     ap.add_argument("--backward", type=Path, help="TGT->SRC run dir: back-translations of the targets")
     ap.add_argument("--no-original", action="store_true", help="leave the original pairs out")
     ap.add_argument("--checkpoint", default="best", help="best | last | averaged | step_N (default: best)")

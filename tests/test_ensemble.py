@@ -153,6 +153,21 @@ def test_translator_ensemble_is_the_mean_of_the_two_runs(smoke_run, second_run):
     assert ens.translate(lines) == ens.tokenizer.decode_tgt([h[0].tokens for h in expected])
 
 
+def test_ensemble_member_can_name_its_own_checkpoint(smoke_run, second_run):  # noqa: F811
+    best = second_run / "checkpoints" / "best"
+    ens = Translator.from_run_dir(smoke_run, "last", device="cpu", ensemble=[best, best / "model.safetensors"])
+    assert ens.members == [smoke_run / "checkpoints" / "last" / "model.safetensors",
+                           best / "model.safetensors", best / "model.safetensors"]
+    last = Translator.from_run_dir(smoke_run, "last", device="cpu").model
+    perturbed = Translator.from_run_dir(second_run, "best", device="cpu").model
+    for member, single in zip(ens.model.members, (last, perturbed, perturbed)):
+        assert all(torch.equal(x, y) for x, y in zip(member.state_dict().values(), single.state_dict().values()))
+    # a --checkpoint path is fine when every member names its own checkpoint
+    weights = smoke_run / "checkpoints" / "last" / "model.safetensors"
+    r = tcli("translate", "--run-dir", smoke_run, "--checkpoint", weights, "--ensemble", best, input="Ein Mann.\n")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+
+
 def test_eval_with_ensemble_labels_its_files_and_scores(smoke_run, second_run, tmp_path):  # noqa: F811
     run = tmp_path / "first"
     shutil.copytree(smoke_run, run, ignore=shutil.ignore_patterns("hyps", "scores.json"))
@@ -190,6 +205,11 @@ def test_ensemble_errors_are_one_line(smoke_run, tmp_path):  # noqa: F811
     weights = smoke_run / "checkpoints" / "best" / "model.safetensors"
     r = tcli("translate", "--run-dir", smoke_run, "--checkpoint", weights, "--ensemble", smoke_run, input="Ein Mann.\n")
     assert r.returncode == 2 and "is a path" in r.stderr and "Traceback" not in r.stderr
+    # a checkpoint folder outside a run dir has no config or tokenizer to go with it
+    loose = tmp_path / "loose" / "best"
+    shutil.copytree(smoke_run / "checkpoints" / "best", loose)
+    r = tcli("translate", "--run-dir", smoke_run, "--ensemble", loose, input="Ein Mann.\n")
+    assert r.returncode != 0 and "config.yaml" in r.stderr and "Traceback" not in r.stderr
     # --hyp/--ref scoring has nothing to ensemble
     (tmp_path / "h.txt").write_text("a\n", encoding="utf-8")
     r = tcli("eval", "--hyp", tmp_path / "h.txt", "--ref", tmp_path / "h.txt", "--ensemble", other)

@@ -164,16 +164,24 @@ def resolve_checkpoint(run_dir: str | Path, name: str) -> Path:
     raise DataError(f"checkpoint '{name}' not found ({where}); use best, last, averaged or a path")
 
 
+def checkpoint_in_run(path: Path) -> tuple[Path, Path] | None:
+    """(weights file, run dir) when `path` is a checkpoint folder RUN/checkpoints/NAME or the
+    model.safetensors inside one; None otherwise."""
+    if path.is_dir() and (path / WEIGHTS).is_file():
+        return path / WEIGHTS, path.parent.parent
+    if path.is_file() and path.suffix == ".safetensors":
+        return path, path.parent.parent.parent
+    return None
+
+
 def init_source(path: str | Path) -> tuple[Path, Path]:
     """(weights file, run dir) of train.init_from: a run dir (its best checkpoint), one of its checkpoint
     folders or a model.safetensors inside one; the run dir must hold the tokenizer the weights need."""
     p = Path(path)
     if p.is_dir() and (p / "config.yaml").is_file():
         weights, run = resolve_checkpoint(p, "best"), p
-    elif p.is_dir() and (p / WEIGHTS).is_file():
-        weights, run = p / WEIGHTS, p.parent.parent  # RUN/checkpoints/NAME
-    elif p.is_file() and p.suffix == ".safetensors":
-        weights, run = p, p.parent.parent.parent  # RUN/checkpoints/NAME/model.safetensors
+    elif (inside := checkpoint_in_run(p)) is not None:
+        weights, run = inside
     else:
         raise DataError(f"train.init_from: {p} is not a run dir, a checkpoint folder or a .safetensors file")
     if not (run / "tokenizer").is_dir():

@@ -198,7 +198,7 @@ DeviceOpt = typer.Option(None, "--device", help="auto | cpu | cuda | cuda:N | mp
 PrecisionOpt = typer.Option(None, "--precision", help="fp32 | bf16 | fp16 (default: decode.precision).")
 MaxTokensOpt = typer.Option(None, "--max-tokens", help="Padded source tokens per batch (default: decode.max_tokens).")
 ThreadsOpt = typer.Option(None, "--threads", help="CPU threads for torch (default: decode.threads; 0 = torch's default).")
-EnsembleOpt = typer.Option(None, "--ensemble", metavar="RUN_DIR", help="Another run dir (same tokenizer and direction) whose same checkpoint decodes together with --run-dir's, averaging probabilities (repeatable).")
+EnsembleOpt = typer.Option(None, "--ensemble", metavar="RUN_DIR", help="Another run dir (same tokenizer and direction) whose same checkpoint decodes together with --run-dir's, averaging probabilities, or one of its checkpoint folders (RUN/checkpoints/NAME) to decode that one (repeatable).")
 
 
 @app.command()

@@ -43,7 +43,8 @@ class Translator:
 
         `decode` overrides keys of the config's decode section, e.g. {"beam": 1}. `ensemble` names
         more run dirs (same tokenizer and direction) whose same checkpoint decodes together with
-        this one, by the mean of their probabilities (ensemble.py); decode settings come from `path`.
+        this one, by the mean of their probabilities (ensemble.py), or checkpoint folders inside
+        such run dirs (RUN/checkpoints/NAME), decoded as named; decode settings come from `path`.
         """
         from .device import resolve_device
         from .tokenizer import Tokenizer
@@ -66,18 +67,14 @@ class Translator:
         model, weights = _load_model(run_dir, cfg, tokenizer, checkpoint)
         if not ensemble:
             return cls(model.to(dev), tokenizer, cfg, dev, weights)
-        from .checkpoint import is_checkpoint_name
         from .ensemble import Ensemble
 
-        if not is_checkpoint_name(checkpoint):
-            raise ConfigError(f"--checkpoint '{checkpoint}' is a path; with --ensemble name one that every run "
-                              "has: best, last, averaged or step_N")
         models, members = [model], [weights]
-        for other in map(Path, ensemble):
+        for other, other_checkpoint in (_ensemble_member(Path(e), checkpoint) for e in ensemble):
             other_cfg = from_dict(_read_run_config(other), str(other / "config.yaml"))
             other_tokenizer = Tokenizer.load(other / "tokenizer")
             _check_compatible(run_dir, cfg, tokenizer, other, other_cfg, other_tokenizer)
-            other_model, other_weights = _load_model(other, other_cfg, other_tokenizer, checkpoint)
+            other_model, other_weights = _load_model(other, other_cfg, other_tokenizer, other_checkpoint)
             models.append(other_model)
             members.append(other_weights)
         ens = Ensemble(models)
@@ -186,6 +183,21 @@ def _load_model(run_dir: Path, cfg: Config, tokenizer, checkpoint: str):
     weights = resolve_checkpoint(run_dir, checkpoint)
     load_weights(model, weights)
     return model, weights
+
+
+def _ensemble_member(path: Path, checkpoint: str) -> tuple[Path, str]:
+    """(run dir, checkpoint) of an --ensemble value: a run dir, decoded with --checkpoint's name, or
+    a checkpoint folder (or its model.safetensors) inside a run dir, decoded as it is."""
+    from .checkpoint import checkpoint_in_run, is_checkpoint_name
+
+    inside = checkpoint_in_run(path)
+    if inside is not None:
+        weights, run = inside
+        return run, str(weights)
+    if not is_checkpoint_name(checkpoint):
+        raise ConfigError(f"--checkpoint '{checkpoint}' is a path, so --ensemble {path} needs its own: name a "
+                          "checkpoint folder (RUN/checkpoints/NAME), or use best, last, averaged or step_N")
+    return path, checkpoint
 
 
 def _check_compatible(first: Path, cfg: Config, tokenizer, other: Path, other_cfg: Config, theirs) -> None:
