@@ -1,4 +1,4 @@
-"""Build a training set from teacher translations (sequence-level distillation, data diversification).
+r"""Build a training set from teacher translations (sequence-level distillation, data diversification).
 
     python scripts/distill.py --config configs/multi30k_de_en.yaml --out runs/kd/data_de_en \
         --teacher runs/multi30k_de_en [--ensemble runs/multi30k_de_en_seed2] \

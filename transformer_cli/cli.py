@@ -291,6 +291,41 @@ def eval_cmd(
     typer.echo(json.dumps(scores, indent=2) if as_json else format_table(scores))
 
 
+@app.command()
+def score(
+    run_dir: Path = DecodeRunDirOpt,
+    src: Path = typer.Option(..., "-s", "--src", help="Source sentences, one a line."),
+    tgt: Path = typer.Option(..., "-t", "--tgt", help="Target sentences, aligned with --src line by line."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output file, written atomically (default: stdout)."),
+    checkpoint: Optional[str] = CheckpointOpt,
+    per_token: bool = typer.Option(False, "--per-token", help="Print the mean log-probability per target subword (EOS included) instead of the sum."),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Padded tokens per batch on the longer side (default: decode.max_tokens)."),
+    device: Optional[str] = DeviceOpt,
+    precision: Optional[str] = PrecisionOpt,
+    threads: Optional[int] = ThreadsOpt,
+    ensemble: Optional[List[Path]] = typer.Option(None, "--ensemble", metavar="RUN_DIR", help="Another run dir (same tokenizer and direction), or one of its checkpoint folders, scoring by the mean of the models' probabilities (repeatable)."),
+    quiet: bool = QuietOpt,
+) -> None:
+    """Print log P(target | source) of each line pair (natural log, summed over the target's subwords and EOS)."""
+    from .io_utils import atomic_write_text
+    from .metrics import read_lines
+    from .translator import Translator, score_summary
+
+    sources, targets = read_lines(src), read_lines(tgt)
+    if len(sources) != len(targets):
+        raise ConfigError(f"--src {src} has {len(sources)} lines but --tgt {tgt} has {len(targets)}; give aligned files")
+    decode = dict(max_tokens=max_tokens, precision=precision, threads=threads)
+    translator = Translator.from_run_dir(run_dir, checkpoint, device=device, decode=decode, ensemble=ensemble or ())
+    scored = translator.score(sources, targets, progress=not quiet)
+    text = "".join(f"{lp / n if per_token else lp:.4f}\n" for lp, n in scored)
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        atomic_write_text(output, text)
+    if not quiet:
+        print(score_summary(scored), file=sys.stderr)
+
+
 def _eval_split(run_dir: Path) -> str:
     """eval.split of the run's config (test when there is no config: from_run_dir reports that)."""
     from .config import load_config

@@ -405,6 +405,23 @@ def _autocast(device: torch.device, precision: str):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+@contextlib.contextmanager
+def inference(model, device: torch.device, precision: str, total: int, progress: bool):
+    """Eval mode (no dropout), inference_mode and autocast around a decoding loop; yields a progress bar.
+
+    The model's training flag is restored afterwards: validation decodes in the middle of training.
+    """
+    bar = _progress(total, progress)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode(), _autocast(device, precision):
+            yield bar
+    finally:
+        model.train(was_training)
+        bar.close()
+
+
 def prepare_sources(srcs: Sequence[Sequence[int]], max_positions: int) -> list[list[int]]:
     """Bare source ids to model inputs: truncated to max_positions tokens including the EOS appended."""
     return [list(s)[: max(max_positions - 1, 0)] + [EOS_ID] for s in srcs]
@@ -429,21 +446,14 @@ def decode_nbest(
     max_lens = [max_output_len(len(s) - 1, cfg.max_len_a, cfg.max_len_b, limit - 1) for s in inputs]
     keys = sentence_keys(inputs, seed=cfg.seed) if cfg.sampling else None
     results: list[list[Hypothesis]] = [[] for _ in inputs]
-    bar = _progress(len(inputs), progress)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode(), _autocast(device, cfg.precision):
-            for batch in make_batches([len(s) for s in inputs], cfg.max_tokens):
-                hyps = _decode_batch(model, [inputs[i] for i in batch], [max_lens[i] for i in batch],
-                                     cfg, device, beam, nbest, use_cache,
-                                     None if keys is None else keys[batch])
-                for i, h in zip(batch, hyps):
-                    results[i] = h
-                bar.update(len(batch))
-    finally:
-        model.train(was_training)
-        bar.close()
+    with inference(model, device, cfg.precision, len(inputs), progress) as bar:
+        for batch in make_batches([len(s) for s in inputs], cfg.max_tokens):
+            hyps = _decode_batch(model, [inputs[i] for i in batch], [max_lens[i] for i in batch],
+                                 cfg, device, beam, nbest, use_cache,
+                                 None if keys is None else keys[batch])
+            for i, h in zip(batch, hyps):
+                results[i] = h
+            bar.update(len(batch))
     return results
 
 

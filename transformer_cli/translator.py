@@ -136,6 +136,17 @@ class Translator:
         if buffer:
             yield from self.translate_nbest(buffer, nbest, first, warn=warn)
 
+    def score(self, sources: Sequence[str], targets: Sequence[str], progress: bool = False,
+              warn: Callable[[str], None] | None = _stderr) -> list[tuple[float, int]]:
+        """Per pair (log P(target | source), target subwords + EOS): natural log, summed (scoring.py)."""
+        from .scoring import score_ids
+
+        srcs = self.encode(sources, warn=warn)
+        tgts = self.tokenizer.encode_tgt([self._clean(t) for t in targets])
+        cfg = self.decode_cfg
+        logps = score_ids(self.model, srcs, tgts, self.device, cfg.precision, cfg.max_tokens, progress)
+        return [(lp, len(t) + 1) for lp, t in zip(logps, tgts)]
+
     # -- attention ----------------------------------------------------------------------------
 
     def attention(self, text: str, beam: int | None = None) -> dict:
@@ -224,6 +235,17 @@ def decode_lines(stream, name: str) -> Iterator[str]:
         except UnicodeDecodeError as e:
             raise DataError(f"{name} line {number}: invalid UTF-8 (byte {e.start}); give UTF-8 text") from None
         yield text.rstrip("\n").rstrip("\r")
+
+
+def score_summary(scored: Sequence[tuple[float, int]]) -> str:
+    """One stderr line: pairs, target tokens, mean log-probability per token and perplexity."""
+    import math
+
+    total = sum(lp for lp, _ in scored)
+    tokens = sum(n for _, n in scored)
+    mean = total / max(tokens, 1)
+    return (f"scored {len(scored)} pairs, {tokens} target tokens: "
+            f"{mean:.4f} log-probability per token, perplexity {math.exp(-mean):.2f}")
 
 
 def one_line(text: str) -> str:
