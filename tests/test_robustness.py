@@ -283,6 +283,12 @@ def hyp_ref(ctx):
     write(ctx.tmp / "ref.txt", "a dog runs\na cat sits\n")
 
 
+def score_bad_target(ctx):
+    write(ctx.tmp / "in.txt", "Ein Hund.\nZwei Katzen.\n")
+    write(ctx.tmp / "tgt.txt", b"A dog.\nTwo \xe9 cats.\n")
+    write(ctx.tmp / "out.txt", "an earlier result\n")  # must survive the failed run
+
+
 def empty_hyp_ref(ctx):
     write(ctx.tmp / "hyp.txt", "")
     write(ctx.tmp / "ref.txt", "")
@@ -495,6 +501,11 @@ CASES = [
     Case("encoded-split-pickle-payload", ("eval", "--run-dir", "{run}", "--quiet"), 2,
          "data/test.npz: cannot read the encoded split (This file contains pickled (object) data", pickle_split,
          run="copy", check=marker_absent),
+    Case("score-not-utf8", ("score", "--run-dir", "{run}", "-s", "{tmp}/in.txt", "-t", "{tmp}/tgt.txt",
+                            "-o", "{tmp}/out.txt"), 2, "tgt.txt: line 2 is not valid UTF-8 (byte 11)", score_bad_target),
+    Case("score-empty-files", ("score", "--run-dir", "{run}", "-s", "{tmp}/in.txt", "-t", "{tmp}/in.txt",
+                               "-o", "{tmp}/out.txt"), 0,
+         "scored 0 pairs", source_lines(), check=empty_output),
     Case("eval-line-count-mismatch", ("eval", "--hyp", "{tmp}/hyp.txt", "--ref", "{tmp}/ref.txt"), 2,
          "hyp.txt has 3 lines but {tmp}/ref.txt has 2; the hypothesis file needs one line per reference line", hyp_ref),
     Case("eval-empty-files", ("eval", "--hyp", "{tmp}/hyp.txt", "--ref", "{tmp}/ref.txt"), 2,

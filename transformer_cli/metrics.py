@@ -35,20 +35,14 @@ def corpus_scores(hyps: Sequence[str], refs: Sequence[str], tokenize: str = "13a
 
 
 def read_lines(path: str | Path) -> list[str]:
-    """Lines of a UTF-8 text file with trailing whitespace stripped, as the sacrebleu CLI reads them.
+    """Lines of a UTF-8 text file (or .gz) with trailing whitespace stripped, as the sacrebleu CLI reads them.
 
     Only \n ends a line (sacrebleu opens with newline="\n"): a lone \r inside a sentence stays in it.
+    Unreadable or non-UTF-8 files are a DataError naming the file (and the first bad line).
     """
-    path = Path(path)
-    try:
-        with open(path, encoding="utf-8", newline="\n") as f:
-            return [line.rstrip() for line in f]
-    except FileNotFoundError:
-        raise DataError(f"{path}: file not found") from None
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not valid UTF-8 (byte {e.start}); convert the file to UTF-8") from None
-    except OSError as e:
-        raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
+    from .data import read_lines as read_text_lines  # numpy: only loaded when files are read
+
+    return [line.rstrip() for line in read_text_lines(Path(path))]
 
 
 def score_files(hyp_path: str | Path, ref_path: str | Path, tokenize: str = "13a") -> dict:

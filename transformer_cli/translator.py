@@ -241,6 +241,8 @@ def score_summary(scored: Sequence[tuple[float, int]]) -> str:
     """One stderr line: pairs, target tokens, mean log-probability per token and perplexity."""
     import math
 
+    if not scored:
+        return "scored 0 pairs"
     total = sum(lp for lp, _ in scored)
     tokens = sum(n for _, n in scored)
     mean = total / max(tokens, 1)
