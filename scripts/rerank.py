@@ -1,21 +1,26 @@
-r"""Rerank a run's n-best translations with a reverse-direction ("channel") model.
+r"""Rerank a run's n-best translations with more models: a reverse-direction "channel" model, and
+models of the same direction that need not share the run's tokenizer.
 
     python scripts/rerank.py --run-dir runs/multi30k_de_en --channel runs/multi30k_en_de \
         --split valid --nbest 5 --weights 0,0.25,0.5,0.75,1          # pick a weight on validation
     python scripts/rerank.py --run-dir runs/multi30k_de_en --channel runs/multi30k_en_de \
         --split test --nbest 5 --weights 0.5 --out test.reranked.en   # then use it once on test
-    (--channel twice or more: the channel models score as an ensemble, the mean of their probabilities)
+    (--channel twice or more: the channel models score as an ensemble, the mean of their probabilities;
+     --rescorer RUN (repeatable) with --rescorer-weights adds same-direction models, e.g. runs with
+     another vocabulary, which `--ensemble` cannot combine)
 
 The run decodes the split's sources with beam search and keeps the n best (with their
 length-normalised scores s(y|x), the beam's own ranking). The channel run, which translates the
 other way, scores every candidate by how well it explains the source: c(x|y) = log P(x | y) / |x|,
-|x| the source's subwords + EOS in the channel's tokenizer (tcli score). Each sentence keeps the
-candidate with the highest s(y|x) + w * c(x|y); w = 0 is plain beam search. This is the
-direct + channel part of noisy-channel reranking (Yee et al., 2019), without a language model.
+|x| the source's subwords + EOS in the channel's tokenizer (tcli score). A rescorer gives
+r(y|x) = log P(y | x) / |y| in its own tokenizer (the mean over several rescorers). Each sentence
+keeps the candidate with the highest s(y|x) + w * c(x|y) + v * r(y|x); w = v = 0 is plain beam
+search. The channel term is the direct + channel part of noisy-channel reranking (Yee et al.,
+2019), without a language model.
 
-For every weight the script prints one JSON line to stdout (weight, BLEU, lowercased BLEU, chrF,
-how many sentences changed); --out writes the translations of the best weight (by cased BLEU).
-The weight must be chosen on validation and then applied to test alone, never tuned on test.
+For every weight pair the script prints one JSON line to stdout (weights, BLEU, lowercased BLEU,
+chrF, how many sentences changed); --out writes the translations of the best pair (by cased BLEU).
+Weights must be chosen on validation and then applied to test alone, never tuned on test.
 """
 
 from __future__ import annotations
@@ -37,48 +42,55 @@ def log(message: str) -> None:
     print(f"rerank: {message}", file=sys.stderr, flush=True)
 
 
-def pick(direct: Sequence[Sequence[float]], channel: Sequence[Sequence[float]], weight: float) -> list[int]:
-    """Per sentence the index of the candidate with the highest direct + weight * channel (first on ties)."""
+def pick(scores: Sequence[Sequence[Sequence[float]]], weights: Sequence[float]) -> list[int]:
+    """Per sentence the index of the candidate with the highest s + sum(w * f) (first on ties).
+
+    scores[sentence][candidate] = (s, f1, f2, ...): the beam's score, then one value per feature."""
     best = []
-    for d, c in zip(direct, channel):
-        totals = [a + weight * b for a, b in zip(d, c)]
+    for cands in scores:
+        totals = [c[0] + sum(w * f for w, f in zip(weights, c[1:])) for c in cands]
         best.append(max(range(len(totals)), key=lambda i: (totals[i], -i)))
     return best
 
 
-def channel_scores(channel, sources: Sequence[str], nbest: Sequence[Sequence[tuple[str, float]]],
-                   quiet: bool) -> list[list[float]]:
-    """Per sentence, per candidate: log P(source | candidate) / (source subwords + EOS) under `channel`."""
-    flat_hyps = [hyp for cands in nbest for hyp, _ in cands]
-    flat_srcs = [src for src, cands in zip(sources, nbest) for _ in cands]
-    # the roles swap: the candidate is the channel model's source, the source its target
-    scored = iter(channel.score(flat_hyps, flat_srcs, progress=not quiet))
-    return [[lp / n for lp, n in (next(scored) for _ in cands)] for cands in nbest]
+def per_token_scores(model, sources: Sequence[str], targets: Sequence[str], quiet: bool) -> list[float]:
+    """log P(target | source) / (target subwords + EOS) of each pair under `model` (a Translator)."""
+    return [lp / n for lp, n in model.score(sources, targets, progress=not quiet)]
 
 
-def parse_weights(text: str) -> list[float]:
+def regroup(flat: Sequence[float], nbest: Sequence[Sequence]) -> list[list[float]]:
+    """A flat list of per-candidate values back into per-sentence lists shaped like `nbest`."""
+    values = iter(flat)
+    return [[next(values) for _ in cands] for cands in nbest]
+
+
+def parse_weights(text: str, option: str) -> list[float]:
     try:
         weights = [float(w) for w in text.split(",") if w.strip()]
     except ValueError:
-        raise ConfigError(f"--weights: give comma-separated numbers, got '{text}'") from None
+        raise ConfigError(f"{option}: give comma-separated numbers, got '{text}'") from None
     if not weights:
-        raise ConfigError("--weights: give at least one number")
+        raise ConfigError(f"{option}: give at least one number")
     return weights
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run-dir", required=True, type=Path, help="the SRC->TGT run whose n-best is reranked")
-    ap.add_argument("--channel", required=True, type=Path, action="append",
+    ap.add_argument("--channel", type=Path, action="append", default=[],
                     help="a TGT->SRC run dir (or RUN/checkpoints/NAME); repeat it for an ensemble of channel models")
+    ap.add_argument("--rescorer", type=Path, action="append", default=[],
+                    help="a SRC->TGT run dir (or RUN/checkpoints/NAME), any tokenizer (repeatable; their mean counts)")
     ap.add_argument("--ensemble", type=Path, action="append", default=[],
                     help="another SRC->TGT run dir decoding with --run-dir, as `tcli translate --ensemble` (repeatable)")
     ap.add_argument("--split", default="valid", choices=["valid", "test"])
     ap.add_argument("--checkpoint", default="best", help="the run's checkpoint (default: best)")
-    ap.add_argument("--channel-checkpoint", default="best", help="the channel run's checkpoint (default: best)")
+    ap.add_argument("--channel-checkpoint", default="best",
+                    help="the channel and rescorer runs' checkpoint, unless named as RUN/checkpoints/NAME (default: best)")
     ap.add_argument("--nbest", type=int, default=5, help="candidates per sentence (default: 5)")
     ap.add_argument("--beam", type=int, default=None, help="beam size (default: --nbest)")
     ap.add_argument("--weights", default="0,0.25,0.5,0.75,1", help="comma-separated channel weights to try")
+    ap.add_argument("--rescorer-weights", default="0,0.25,0.5,0.75,1", help="comma-separated rescorer weights to try")
     ap.add_argument("--out", type=Path, default=None, help="write the best weight's translations here")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: decode.threads)")
     ap.add_argument("--device", default=None)
@@ -92,50 +104,71 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run(args) -> None:
+def load_scorer(role: str, path: Path, checkpoint: str, pair: tuple[str, str], args, ensemble=()):
+    """A Translator that must translate pair[0] -> pair[1]; path may be RUN/checkpoints/NAME."""
     from transformer_cli.checkpoint import checkpoint_in_run
+    from transformer_cli.translator import Translator
+
+    inside = checkpoint_in_run(path)
+    run_dir, ckpt = (inside[1], str(inside[0])) if inside else (path, checkpoint)
+    model = Translator.from_run_dir(run_dir, ckpt, device=args.device, decode=dict(threads=args.threads),
+                                    ensemble=ensemble)
+    got = (model.cfg.data.src_lang, model.cfg.data.tgt_lang)
+    if got != pair:
+        raise ConfigError(f"{role} {path} translates {got[0]}-{got[1]}; it must translate {pair[0]}-{pair[1]}"
+                          f"{', the reverse of ' + str(args.run_dir) if role == '--channel' else ''}")
+    return model
+
+
+def run(args) -> None:
     from transformer_cli.data import load_split
     from transformer_cli.io_utils import atomic_write_text
     from transformer_cli.metrics import corpus_scores
     from transformer_cli.translator import Translator, one_line
 
-    weights = parse_weights(args.weights)
+    if not args.channel and not args.rescorer:
+        raise ConfigError("give --channel RUN (a reverse-direction run) and/or --rescorer RUN to rerank with")
+    channel_weights = parse_weights(args.weights, "--weights") if args.channel else [0.0]
+    rescorer_weights = parse_weights(args.rescorer_weights, "--rescorer-weights") if args.rescorer else [0.0]
     beam = args.beam or args.nbest
     if args.nbest < 1 or beam < args.nbest:
         raise ConfigError(f"--nbest must be >= 1 and at most the beam size, got --nbest {args.nbest} --beam {beam}")
     decode = dict(beam=beam, nbest=args.nbest, threads=args.threads)
     direct = Translator.from_run_dir(args.run_dir, args.checkpoint, device=args.device, decode=decode,
                                      ensemble=args.ensemble)
-    first, *others = args.channel
-    inside = checkpoint_in_run(first)
-    channel_dir, channel_ckpt = (inside[1], str(inside[0])) if inside else (first, args.channel_checkpoint)
-    channel = Translator.from_run_dir(channel_dir, channel_ckpt, device=args.device, decode=dict(threads=args.threads),
-                                      ensemble=others)
     pair = (direct.cfg.data.src_lang, direct.cfg.data.tgt_lang)
-    if (channel.cfg.data.src_lang, channel.cfg.data.tgt_lang) != pair[::-1]:
-        raise ConfigError(f"--channel {first} translates {channel.cfg.data.src_lang}-{channel.cfg.data.tgt_lang}; "
-                          f"it must translate {pair[1]}-{pair[0]}, the reverse of {args.run_dir}")
+    channel = (load_scorer("--channel", args.channel[0], args.channel_checkpoint, pair[::-1], args, args.channel[1:])
+               if args.channel else None)
+    rescorers = [load_scorer("--rescorer", r, args.channel_checkpoint, pair, args) for r in args.rescorer]
     data = load_split(args.run_dir, args.split)
     start = time.perf_counter()
     nbest = direct.translate_nbest(data.src_text, progress=not args.quiet)
     log(f"decoded {len(nbest)} sentences, beam {beam}, {args.nbest}-best, in {time.perf_counter() - start:.1f} s")
+    hyps = [hyp for cands in nbest for hyp, _ in cands]
+    srcs = [src for src, cands in zip(data.src_text, nbest) for _ in cands]
     start = time.perf_counter()
-    chan = channel_scores(channel, data.src_text, nbest, args.quiet)
-    log(f"channel-scored {sum(map(len, nbest))} candidates in {time.perf_counter() - start:.1f} s")
-    direct_scores = [[score for _, score in cands] for cands in nbest]
-    best_weight, best_bleu, best_hyps = None, float("-inf"), []
-    for w in weights:
-        chosen = pick(direct_scores, chan, w)
-        hyps = [one_line(cands[i][0]) for cands, i in zip(nbest, chosen)]
-        scores = corpus_scores(hyps, data.tgt_text, direct.cfg.eval.tokenize)
-        row = dict(split=args.split, weight=w, bleu=round(scores["bleu"], 2), bleu_lc=round(scores["bleu_lc"], 2),
-                   chrf=round(scores["chrf"], 2), changed=sum(i != 0 for i in chosen), nbest=args.nbest, beam=beam)
-        print(json.dumps(row), flush=True)
-        if scores["bleu"] > best_bleu:
-            best_weight, best_bleu, best_hyps = w, scores["bleu"], hyps
+    # the channel swaps the roles: the candidate is its source, the sentence to translate its target
+    chan = per_token_scores(channel, hyps, srcs, args.quiet) if channel else [0.0] * len(hyps)
+    rescored = [per_token_scores(r, srcs, hyps, args.quiet) for r in rescorers]
+    resc = [sum(col) / len(col) for col in zip(*rescored)] if rescorers else [0.0] * len(hyps)
+    log(f"scored {len(hyps)} candidates with {int(channel is not None)} channel and {len(rescorers)} "
+        f"rescorer model(s) in {time.perf_counter() - start:.1f} s")
+    features = regroup(list(zip([s for cands in nbest for _, s in cands], chan, resc)), nbest)
+    best_bleu, best_weights, best_hyps = float("-inf"), None, []
+    for w in channel_weights:
+        for v in rescorer_weights:
+            chosen = pick(features, (w, v))
+            out = [one_line(cands[i][0]) for cands, i in zip(nbest, chosen)]
+            scores = corpus_scores(out, data.tgt_text, direct.cfg.eval.tokenize)
+            row = dict(split=args.split, weight=w, rescorer_weight=v, bleu=round(scores["bleu"], 2),
+                       bleu_lc=round(scores["bleu_lc"], 2), chrf=round(scores["chrf"], 2),
+                       changed=sum(i != 0 for i in chosen), nbest=args.nbest, beam=beam)
+            print(json.dumps(row), flush=True)
+            if scores["bleu"] > best_bleu:
+                best_bleu, best_weights, best_hyps = scores["bleu"], (w, v), out
     if args.out is not None:
         atomic_write_text(args.out, "".join(h + "\n" for h in best_hyps))
-        log(f"wrote {args.out} (weight {best_weight})")
+        log(f"wrote {args.out} (weight {best_weights[0]}, rescorer weight {best_weights[1]})")
 
 
 if __name__ == "__main__":

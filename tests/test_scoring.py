@@ -175,15 +175,17 @@ def _rerank(*args):
                           capture_output=True, text=True, cwd=ROOT, env=env_one_thread(), timeout=600)
 
 
-def test_pick_adds_the_weighted_channel_score():
+def test_pick_adds_the_weighted_features():
     sys.path.insert(0, str(ROOT / "scripts"))
-    from rerank import pick
+    from rerank import pick, regroup
 
-    direct = [[-1.0, -1.5, -3.0], [-2.0, -2.0]]
-    channel = [[-4.0, -1.0, 0.0], [-1.0, -1.0]]
-    assert pick(direct, channel, 0.0) == [0, 0]
-    assert pick(direct, channel, 0.5) == [1, 0]  # -3.0 / -2.0 / -3.0; the tie goes to the first
-    assert pick(direct, channel, 10.0) == [2, 0]
+    # (beam score, channel, rescorer) per candidate
+    scores = [[(-1.0, -4.0, 0.0), (-1.5, -1.0, 0.0), (-3.0, 0.0, -9.0)], [(-2.0, -1.0, -1.0), (-2.0, -1.0, -1.0)]]
+    assert pick(scores, (0.0, 0.0)) == [0, 0]
+    assert pick(scores, (0.5, 0.0)) == [1, 0]  # -3.0 / -2.0 / -3.0; the tie goes to the first
+    assert pick(scores, (10.0, 0.0)) == [2, 0]
+    assert pick(scores, (10.0, 1.0)) == [1, 0]  # the rescorer vetoes the third
+    assert regroup([1, 2, 3, 4, 5], [["a", "b", "c"], ["d", "e"]]) == [[1, 2, 3], [4, 5]]
 
 
 @pytest.fixture
@@ -203,7 +205,7 @@ def test_rerank_weight_zero_is_beam_search_and_others_use_the_channel(smoke_run,
                      "--weights", "0,10000", "--out", out, "--quiet")
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in result.stdout.splitlines()]
-    assert [r["weight"] for r in rows] == [0.0, 10000.0]
+    assert [(r["weight"], r["rescorer_weight"]) for r in rows] == [(0.0, 0.0), (10000.0, 0.0)]
     from transformer_cli.data import load_split
 
     data = load_split(smoke_run, "test")
@@ -218,8 +220,44 @@ def test_rerank_weight_zero_is_beam_search_and_others_use_the_channel(smoke_run,
     assert round(corpus_scores(written, data.tgt_text)["bleu"], 2) == best["bleu"]
 
 
-def test_rerank_needs_a_reverse_direction_channel(smoke_run):  # noqa: F811
-    result = _rerank("--run-dir", smoke_run, "--channel", smoke_run, "--split", "valid", "--quiet")
-    assert result.returncode == 2
-    assert "it must translate en-de, the reverse of" in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+def test_rerank_with_a_rescorer_follows_its_scores(smoke_run, tmp_path):  # noqa: F811
+    """With a huge rescorer weight each sentence keeps the candidate the rescorer scores best per token."""
+    from safetensors.torch import load_file, save_file
+
+    run, other = tmp_path / "run", tmp_path / "other"
+    for path in (run, other):
+        shutil.copytree(smoke_run, path, ignore=shutil.ignore_patterns("hyps", "scores.json"))
+    weights = other / "checkpoints" / "last" / "model.safetensors"  # the rescorer: a perturbed model
+    gen = torch.Generator().manual_seed(0)
+    save_file({k: v + 0.3 * v.std().nan_to_num() * torch.randn(v.shape, generator=gen)
+               if v.is_floating_point() and v.numel() > 1 else v for k, v in load_file(weights).items()}, weights)
+    out = tmp_path / "reranked.en"
+    result = _rerank("--run-dir", run, "--rescorer", other / "checkpoints" / "last", "--split", "test", "--nbest", "4",
+                     "--rescorer-weights", "1000000", "--out", out, "--quiet")
+    assert result.returncode == 0, result.stderr
+    from transformer_cli.data import load_split
+
+    data = load_split(run, "test")
+    n = 40  # check the first sentences by hand
+    direct = Translator.from_run_dir(run, decode={"beam": 4, "nbest": 4})
+    rescorer = Translator.from_run_dir(other, "last")
+    nbest = direct.translate_nbest(data.src_text[:n])
+    written = out.read_text(encoding="utf-8").splitlines()
+    changed = 0
+    for src, cands, got in zip(data.src_text, nbest, written):
+        per_token = [lp / k for lp, k in rescorer.score([src] * len(cands), [c for c, _ in cands])]
+        assert got == cands[max(range(len(cands)), key=lambda i: (per_token[i], -i))][0]
+        changed += got != cands[0][0]
+    assert changed > 0  # the check above is not only beam search's own choice
+
+
+def test_rerank_errors_are_one_line(smoke_run):  # noqa: F811
+    cases = [
+        (["--channel", smoke_run], "it must translate en-de, the reverse of"),
+        ([], "give --channel RUN (a reverse-direction run) and/or --rescorer RUN"),
+        (["--rescorer", smoke_run, "--rescorer-weights", "a,b"], "--rescorer-weights: give comma-separated numbers"),
+    ]
+    for extra, message in cases:
+        result = _rerank("--run-dir", smoke_run, *extra, "--split", "valid", "--quiet")
+        assert result.returncode == 2
+        assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
