@@ -18,6 +18,8 @@ keeps the candidate with the highest s(y|x) + w * c(x|y) + v * r(y|x); w = v = 0
 search. The channel term is the direct + channel part of noisy-channel reranking (Yee et al.,
 2019), without a language model.
 
+--cache DIR keeps the n-best lists and every model's scores (keyed by the weights files, their size
+and mtime, and the sentences), so trying other weights or adding a model later decodes nothing again.
 For every weight pair the script prints one JSON line to stdout (weights, BLEU, lowercased BLEU,
 chrF, how many sentences changed); --out writes the translations of the best pair (by cased BLEU).
 Weights must be chosen on validation and then applied to test alone, never tuned on test.
@@ -26,6 +28,7 @@ Weights must be chosen on validation and then applied to test alone, never tuned
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import time
@@ -64,6 +67,31 @@ def regroup(flat: Sequence[float], nbest: Sequence[Sequence]) -> list[list[float
     return [[next(values) for _ in cands] for cands in nbest]
 
 
+def cached(folder: Path | None, key: dict, compute):
+    """compute() once per key: with --cache its JSON result is kept in `folder` for later runs."""
+    from transformer_cli.io_utils import atomic_write_text
+
+    if folder is None:
+        return compute()
+    text = json.dumps(key, sort_keys=True)
+    path = folder / f"{hashlib.sha256(text.encode()).hexdigest()[:24]}.json"
+    if path.is_file():
+        return json.loads(path.read_text(encoding="utf-8"))["value"]
+    value = compute()
+    atomic_write_text(path, json.dumps({"key": key, "value": value}) + "\n")
+    return value
+
+
+def model_key(translator) -> list:
+    """The weights files a Translator decodes with, with size and mtime (a retrained run is a new key)."""
+    files = [Path(p) for p in (translator.members or [translator.checkpoint])]
+    return [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+
+
+def digest(lines: Sequence[str]) -> str:
+    return hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()
+
+
 def parse_weights(text: str, option: str) -> list[float]:
     try:
         weights = [float(w) for w in text.split(",") if w.strip()]
@@ -92,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--weights", default="0,0.25,0.5,0.75,1", help="comma-separated channel weights to try")
     ap.add_argument("--rescorer-weights", default="0,0.25,0.5,0.75,1", help="comma-separated rescorer weights to try")
     ap.add_argument("--out", type=Path, default=None, help="write the best weight's translations here")
+    ap.add_argument("--cache", type=Path, default=None,
+                    help="keep the n-best lists and model scores in this folder and reuse them in later runs")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: decode.threads)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--quiet", action="store_true")
@@ -142,14 +172,22 @@ def run(args) -> None:
     rescorers = [load_scorer("--rescorer", r, args.channel_checkpoint, pair, args) for r in args.rescorer]
     data = load_split(args.run_dir, args.split)
     start = time.perf_counter()
-    nbest = direct.translate_nbest(data.src_text, progress=not args.quiet)
-    log(f"decoded {len(nbest)} sentences, beam {beam}, {args.nbest}-best, in {time.perf_counter() - start:.1f} s")
+    nbest_key = dict(what="nbest", model=model_key(direct), beam=beam, nbest=args.nbest,
+                     alpha=direct.decode_cfg.alpha, sources=digest(data.src_text))
+    nbest = cached(args.cache, nbest_key, lambda: direct.translate_nbest(data.src_text, progress=not args.quiet))
+    log(f"{len(nbest)} sentences, beam {beam}, {args.nbest}-best, in {time.perf_counter() - start:.1f} s")
     hyps = [hyp for cands in nbest for hyp, _ in cands]
     srcs = [src for src, cands in zip(data.src_text, nbest) for _ in cands]
+    pairs = digest(srcs + hyps)
+
+    def scores_of(role: str, model, sources, targets) -> list[float]:
+        key = dict(what=role, model=model_key(model), pairs=pairs)
+        return cached(args.cache, key, lambda: per_token_scores(model, sources, targets, args.quiet))
+
     start = time.perf_counter()
     # the channel swaps the roles: the candidate is its source, the sentence to translate its target
-    chan = per_token_scores(channel, hyps, srcs, args.quiet) if channel else [0.0] * len(hyps)
-    rescored = [per_token_scores(r, srcs, hyps, args.quiet) for r in rescorers]
+    chan = scores_of("channel", channel, hyps, srcs) if channel else [0.0] * len(hyps)
+    rescored = [scores_of("rescorer", r, srcs, hyps) for r in rescorers]
     resc = [sum(col) / len(col) for col in zip(*rescored)] if rescorers else [0.0] * len(hyps)
     log(f"scored {len(hyps)} candidates with {int(channel is not None)} channel and {len(rescorers)} "
         f"rescorer model(s) in {time.perf_counter() - start:.1f} s")

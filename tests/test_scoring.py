@@ -251,6 +251,36 @@ def test_rerank_with_a_rescorer_follows_its_scores(smoke_run, tmp_path):  # noqa
     assert changed > 0  # the check above is not only beam search's own choice
 
 
+def test_rerank_cache_is_reused_and_follows_the_weights_files(smoke_run, reverse_run, tmp_path):  # noqa: F811
+    cache = tmp_path / "cache"
+    args = ("--run-dir", smoke_run, "--channel", reverse_run, "--split", "valid", "--nbest", "2",
+            "--weights", "0,10000", "--cache", cache, "--quiet")
+    first = _rerank(*args)
+    assert first.returncode == 0, first.stderr
+    files = sorted(cache.iterdir())
+    assert len(files) == 2  # the n-best lists and the channel's scores
+    # a cached value is what the next run uses: make the channel's scores favour every second candidate
+    for path in files:
+        entry = json.loads(path.read_text())
+        if entry["key"]["what"] == "channel":
+            entry["value"] = [0.0 if i % 2 else -1.0 for i in range(len(entry["value"]))]
+            path.write_text(json.dumps(entry))
+    second = _rerank(*args)
+    assert second.returncode == 0, second.stderr
+    rows = [json.loads(line) for line in second.stdout.splitlines()]
+    assert rows[0] == json.loads(first.stdout.splitlines()[0])  # weight 0: beam search, as before
+    assert rows[1]["changed"] == len(load_split_texts(smoke_run))  # every sentence took its second candidate
+    (reverse_run / "checkpoints" / "best" / "model.safetensors").touch()  # a retrained channel: scored again
+    assert _rerank(*args).returncode == 0
+    assert len(list(cache.iterdir())) == 3
+
+
+def load_split_texts(run):
+    from transformer_cli.data import load_split
+
+    return load_split(run, "valid").src_text
+
+
 def test_rerank_errors_are_one_line(smoke_run):  # noqa: F811
     cases = [
         (["--channel", smoke_run], "it must translate en-de, the reverse of"),
