@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from .search import inference, pad_sources, prepare_sources
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -63,9 +62,10 @@ def score_ids(model, srcs: Sequence[Sequence[int]], tgts: Sequence[Sequence[int]
             src, src_mask = pad_sources([inputs[i] for i in batch], device)  # (B, S)
             tgt_in, labels = _target_tensors([tgts[i] for i in batch], device)  # (B, T)
             memory = model.encode(src, src_mask)
-            # an Ensemble already returns normalised log-probabilities; log_softmax keeps them
-            logp = F.log_softmax(model.decode(tgt_in, memory, src_mask).float(), dim=-1)  # (B, T, V)
-            picked = logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, T)
+            logits = model.decode(tgt_in, memory, src_mask).float()  # (B, T, V)
+            # log_softmax at the labels only, without a second (B, T, V) tensor; an Ensemble's output
+            # is already normalised (its logsumexp is 0)
+            picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (B, T)
             sums = picked.masked_fill(labels == PAD_ID, 0.0).sum(dim=-1)  # (B,)
             for i, value in zip(batch, sums.tolist()):
                 scores[i] = value
