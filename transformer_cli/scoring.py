@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from .search import inference, pad_sources, prepare_sources
+from .search import inference, model_max_len, pad_sources, prepare_sources
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -54,8 +54,7 @@ def score_ids(model, srcs: Sequence[Sequence[int]], tgts: Sequence[Sequence[int]
     if len(srcs) != len(tgts):
         raise ValueError(f"{len(srcs)} sources but {len(tgts)} targets")
     device = torch.device(device)
-    limit = getattr(getattr(model, "cfg", None), "max_len", 1024)
-    inputs = prepare_sources(srcs, limit)
+    inputs = prepare_sources(srcs, model_max_len(model))
     scores = [0.0] * len(inputs)
     with inference(model, device, precision, len(inputs), progress) as bar:
         for batch in score_batches([len(s) for s in inputs], [len(t) + 1 for t in tgts], max_tokens):

@@ -422,6 +422,11 @@ def inference(model, device: torch.device, precision: str, total: int, progress:
         bar.close()
 
 
+def model_max_len(model) -> int:
+    """Longest input (EOS included) the model (or Ensemble) accepts: its cfg.max_len."""
+    return getattr(getattr(model, "cfg", None), "max_len", 1024)
+
+
 def prepare_sources(srcs: Sequence[Sequence[int]], max_positions: int) -> list[list[int]]:
     """Bare source ids to model inputs: truncated to max_positions tokens including the EOS appended."""
     return [list(s)[: max(max_positions - 1, 0)] + [EOS_ID] for s in srcs]
@@ -441,7 +446,7 @@ def decode_nbest(
     device = torch.device(device)
     beam = cfg.beam if beam is None else beam
     nbest = min(cfg.nbest if nbest is None else nbest, beam)
-    limit = getattr(getattr(model, "cfg", None), "max_len", 1024)
+    limit = model_max_len(model)
     inputs = prepare_sources(srcs, limit)
     max_lens = [max_output_len(len(s) - 1, cfg.max_len_a, cfg.max_len_b, limit - 1) for s in inputs]
     keys = sentence_keys(inputs, seed=cfg.seed) if cfg.sampling else None
