@@ -34,11 +34,11 @@ def test_lines(multi30k) -> list[str]:
 
 
 def test_batch_invariance_on_multi30k_test(translator, test_lines):
-    """The 1,000 test sentences in big token batches, in small shuffled batches and one per batch:
-    identical n-best lists, scores to the last bit."""
+    """Every other test sentence (500, all lengths) in big token batches, in small shuffled batches and
+    one per batch: identical n-best lists, scores to the last bit."""
     cfg = translator.decode_cfg
     assert cfg.beam == 2  # configs/smoke.yaml: beam search, not greedy
-    ids = translator.encode(test_lines)
+    ids = translator.encode(test_lines[::2])  # half the set halves the suite's slowest test
     model, device = translator.model, translator.device
     big = decode_nbest(model, ids, cfg, device, nbest=2)
     order = list(range(len(ids)))
