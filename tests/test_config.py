@@ -53,6 +53,7 @@ def test_overrides_parse_yaml_scalars():
         (["model.d_model=0"], "'model.d_model' must be > 0"),
         (["train.max_steps=-1"], "'train.max_steps' must be >= 0"),
         (["model.dropout=1.0"], "'model.dropout' must be in [0, 1)"),
+        (["model.word_dropout=-0.1"], "'model.word_dropout' must be in [0, 1)"),
         (["tokenizer.vocab_size=4"], "'tokenizer.vocab_size' (4) must exceed the 4 special tokens"),
         (["model.norm=middle"], "'model.norm' must be one of post, pre"),
         (["train.lr"], "expected KEY=VALUE"),

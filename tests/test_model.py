@@ -207,6 +207,31 @@ def test_embedding_scale_and_positions():
     assert torch.equal(model.src_embed.weight[0], torch.zeros(D))  # pad row
 
 
+def test_word_dropout_drops_whole_tokens_while_training_only():
+    """A dropped token keeps only its position encoding; kept tokens are unscaled; eval drops nothing."""
+    model = _model(seed=7, encoder_layers=1, word_dropout=0.4)
+    ids = torch.randint(4, 30, (50, 40), generator=torch.Generator().manual_seed(3))  # (B, T)
+    full = model._embed(model.src_embed, ids)  # eval mode
+    positions = SinusoidalPositions(D)(40).expand_as(full)  # (B, T, D)
+    assert torch.allclose(full, model.src_embed.weight[ids] * D**0.5 + positions, atol=1e-6)
+    model.train()
+    torch.manual_seed(0)
+    x = model._embed(model.src_embed, ids)
+    is_dropped = torch.isclose(x, positions, atol=1e-6).all(-1)  # (B, T)
+    is_kept = torch.isclose(x, full, atol=1e-6).all(-1)
+    assert torch.equal(is_dropped, ~is_kept)  # each token is either whole or gone
+    assert abs(is_dropped.float().mean().item() - 0.4) < 0.03  # 2,000 draws: std 0.011
+    torch.manual_seed(0)
+    assert torch.equal(model._embed(model.src_embed, ids), x)  # seeded: reproducible, so resume is exact
+    src, tgt = _src_batch()
+    torch.manual_seed(1)
+    a = model(src, tgt)
+    torch.manual_seed(2)
+    assert not torch.allclose(a, model(src, tgt))  # the masks differ, so both stacks see it
+    model.eval()
+    assert torch.equal(model(src, tgt), model(src, tgt))
+
+
 def test_tied_and_untied_embeddings():
     model = _model()
     assert model.src_embed.weight is model.tgt_embed.weight is model.output.weight

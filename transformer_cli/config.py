@@ -72,6 +72,7 @@ class ModelConfig:
     decoder_layers: int = 3  # decoder blocks
     dropout: float = 0.1  # dropout on embeddings, sublayer outputs and FFN
     attention_dropout: float = 0.0  # dropout on attention weights
+    word_dropout: float = 0.0  # training only: zero whole input-token embeddings (source and target), positions kept
     activation: str = "relu"  # relu | gelu
     norm: str = "post"  # post (original paper) | pre (final LayerNorm after each stack)
     tie_embeddings: bool = True  # share source, target and output matrices (joint vocab only)
@@ -194,7 +195,7 @@ NON_NEGATIVE = {
     "train.bidirectional_epochs", "decode.max_len_a",
     "decode.max_len_b", "decode.min_len", "decode.top_k", "decode.seed", "decode.threads",
 }
-UNIT_INTERVAL = {"model.dropout", "model.attention_dropout", "train.label_smoothing"}  # [0, 1)
+UNIT_INTERVAL = {"model.dropout", "model.attention_dropout", "model.word_dropout", "train.label_smoothing"}  # [0, 1)
 
 
 def _all_keys() -> list[str]:

@@ -200,6 +200,11 @@ class Seq2SeqTransformer(nn.Module):
     def _embed(self, embedding: nn.Embedding, ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """Token embedding * sqrt(d_model) + sinusoidal position, then dropout: (B, T, d_model)."""
         x = embedding(ids) * self.embed_scale
+        if self.training and self.cfg.word_dropout > 0:
+            # Word dropout (Sennrich & Zhang 2019): a dropped token keeps only its position, so the
+            # model must fill it in from context. Not rescaled: a token is there or it is not.
+            keep = torch.rand(ids.shape, device=ids.device) >= self.cfg.word_dropout  # (B, T)
+            x = x * keep.unsqueeze(-1).to(x.dtype)  # (B, T, d_model)
         x = x + self.positions(ids.shape[1], offset, device=x.device, dtype=x.dtype)
         return self.dropout(x)
 
