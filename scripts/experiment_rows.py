@@ -1,0 +1,123 @@
+"""Result rows of one tuning experiment (docs/results_<name>.json), read from what its commands wrote.
+
+    /usr/bin/time -v -o R.time tcli train --config C --run-dir R --set ... > R.out 2> R.err
+    tcli average --run-dir R --last 5
+    tcli eval --run-dir R --split valid|test --checkpoint best|averaged --beam 5 --quiet --json  # into EVAL_LOG
+    python scripts/experiment_rows.py --run-dir R --train-out R.out --time R.time --eval-log EVAL_LOG > docs/results_X.json
+
+EVAL_LOG holds each eval's JSON object preceded by a line `# <the eval command>`, as the shell loops
+in docs/benchmarks.md write it. One row per test-set checkpoint, with that checkpoint's validation
+lc BLEU beside it; an experiment is not part of the report (docs/results.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchmark import hardware  # noqa: E402
+
+
+def fail(message: str):
+    sys.exit(f"experiment_rows: {message}")
+
+
+def eval_results(path: Path) -> list[tuple[str, dict]]:
+    """(command, result) for each `# command` line followed by a JSON object in an eval log."""
+    text = path.read_text(encoding="utf-8")
+    found, decoder = [], json.JSONDecoder()
+    for match in re.finditer(r"^# (.+)\n", text, flags=re.M):
+        try:
+            result, _ = decoder.raw_decode(text, match.end())
+        except ValueError:
+            fail(f"{path}: no JSON object after the command `{match.group(1)}`")
+        found.append((match.group(1), result))
+    if not found:
+        fail(f"{path}: no `# command` line followed by an eval result")
+    return found
+
+
+def timed(path: Path) -> tuple[list[str], float]:
+    """The command and peak RSS (MB) from a `/usr/bin/time -v` report."""
+    fields = dict(line.strip().split(": ", 1) for line in path.read_text().splitlines() if ": " in line)
+    try:
+        command = shlex.split(fields["Command being timed"].strip('"'))
+        return command, round(int(fields["Maximum resident set size (kbytes)"]) / 1024)
+    except (KeyError, ValueError) as e:
+        fail(f"{path}: not a /usr/bin/time -v report ({e})")
+
+
+def option(command: list[str], name: str) -> str | None:
+    return command[command.index(name) + 1] if name in command else None
+
+
+def checkpoint_label(result: dict, run_dir: Path) -> str:
+    name = Path(result["checkpoint"]).parent.name
+    if name == "averaged":
+        sources = json.loads((run_dir / "checkpoints" / "averaged" / "info.json").read_text()).get("averaged", [])
+        return f"averaged ({len(sources)} ckpts)" if sources else "averaged"
+    return name
+
+
+def rows(run_dir: Path, train_out: Path, time_file: Path, eval_log: Path) -> list[dict]:
+    from transformer_cli.config import load_config
+
+    cfg = load_config(run_dir / "config.yaml")
+    summary = json.loads(train_out.read_text().strip().splitlines()[-1])
+    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    valid = [m for m in metrics if "valid_bleu" in m]
+    rates = [m["tokens_per_s"] for m in metrics if "tokens_per_s" in m]
+    train_cmd, peak_mb = timed(time_file)
+    train_cmd = ["python" if Path(w).name.startswith("python") else w for w in train_cmd]
+    overrides = [train_cmd[i + 1] for i, w in enumerate(train_cmd[:-1]) if w == "--set"]
+    results = eval_results(eval_log)
+    valid_lc = {checkpoint_label(r, run_dir): r["bleu_lc"] for _, r in results if r["split"] == "valid"}
+    out = []
+    for command, r in results:
+        if r["split"] != "test":
+            continue
+        label = checkpoint_label(r, run_dir)
+        steps = [shlex.join(train_cmd)]
+        if label.startswith("averaged"):
+            steps.append(f"python -m transformer_cli average --run-dir {run_dir} --last {label.split('(')[1].split()[0]}")
+        steps.append(command)
+        out.append({
+            "direction": f"{cfg.data.src_lang}-{cfg.data.tgt_lang}", "test_set": cfg.data.test_split,
+            "checkpoint": label, "bleu": round(r["bleu"], 2), "bleu_lc": round(r["bleu_lc"], 2),
+            "chrf": round(r["chrf"], 2), "beam": r["beam"], "alpha": r["alpha"],
+            "valid_bleu_lc": round(valid_lc[label], 2) if label in valid_lc else None,
+            "train_minutes": round(summary["wall_s"] / 60, 1), "steps": summary["step"], "epochs": summary["epoch"],
+            "stopped": summary["stopped"], "final_valid_bleu_greedy": valid[-1]["valid_bleu"] if valid else None,
+            "best_valid_bleu_greedy": summary.get("best_score"), "best_step": summary.get("best_step"),
+            "median_tgt_tokens_per_s": round(statistics.median(rates)) if rates else None,
+            "train_peak_rss_mb": peak_mb, "hardware": hardware(), "train_threads": cfg.train.threads,
+            "config": option(train_cmd, "--config"), "overrides": overrides, "command": "; ".join(steps),
+            "bleu_signature": r["bleu_signature"], "bleu_lc_signature": r["bleu_lc_signature"],
+        })
+    if not out:
+        fail(f"{eval_log}: no test-split result")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run-dir", type=Path, required=True)
+    ap.add_argument("--train-out", type=Path, required=True, help="the training's stdout (its JSON summary)")
+    ap.add_argument("--time", type=Path, required=True, help="the training's /usr/bin/time -v report")
+    ap.add_argument("--eval-log", type=Path, required=True)
+    a = ap.parse_args()
+    for path in (a.run_dir / "config.yaml", a.run_dir / "metrics.jsonl", a.train_out, a.time, a.eval_log):
+        if not path.exists():
+            fail(f"{path} does not exist")
+    print(json.dumps(rows(a.run_dir, a.train_out, a.time, a.eval_log), indent=1))
+
+
+if __name__ == "__main__":
+    main()
