@@ -233,6 +233,20 @@ def test_bidirectional_epochs_train_on_reversed_pairs_then_stop(baseline, tiny_d
     assert bitwise_equal(final_weights(runs["stopped"]), final_weights(runs["whole"]))
 
 
+def test_word_dropout_changes_the_run_and_resumes_bit_exactly(baseline, tiny_data, tmp_path):
+    """model.word_dropout draws from torch's global generator, which the trainer state saves: a run
+    stopped at step 15 and resumed ends with the uninterrupted run's weights, and both differ from a
+    run without word dropout."""
+    wd = ["model.word_dropout=0.2"]
+    runs = {name: prepared_copy(baseline, tmp_path / name) for name in ("plain", "whole", "stopped")}
+    in_process(runs["plain"], tiny_data, "train.max_steps=30")
+    in_process(runs["whole"], tiny_data, *wd, "train.max_steps=30")
+    in_process(runs["stopped"], tiny_data, *wd, "train.max_steps=15")
+    in_process(runs["stopped"], tiny_data, *wd, "train.max_steps=30", resume=True)
+    assert not bitwise_equal(final_weights(runs["whole"]), final_weights(runs["plain"]))
+    assert bitwise_equal(final_weights(runs["stopped"]), final_weights(runs["whole"]))
+
+
 def test_init_from_fine_tunes_a_trained_run_with_its_tokenizer(baseline, tiny_data, tmp_path):
     """train.init_from: the new run copies the source run's tokenizer (its settings replace the config's),
     starts from the source's best weights bit for bit, with a fresh step count, so its first losses are
