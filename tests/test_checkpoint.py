@@ -130,6 +130,20 @@ def test_missing_checkpoint_lists_what_exists(tmp_path):
         ck.resolve_checkpoint(tmp_path, "averaged")
 
 
+def test_any_folder_under_checkpoints_resolves_by_name(tmp_path, monkeypatch):
+    """`tcli average -o NAME` writes checkpoints/NAME: --checkpoint NAME must find it (it was refused)."""
+    root = tmp_path / "run" / "checkpoints"
+    ck.write_checkpoint(root / "avgbest5", make(0), {"step": 1})
+    assert ck.is_checkpoint_name("avgbest5") and not ck.is_checkpoint_name("x/avgbest5")
+    assert not ck.is_checkpoint_name("m.safetensors")
+    assert ck.resolve_checkpoint(tmp_path / "run", "avgbest5") == root / "avgbest5" / "model.safetensors"
+    ck.write_checkpoint(tmp_path / "here", make(1), {"step": 1})
+    monkeypatch.chdir(tmp_path)  # a bare folder name outside the run dir still works as a path
+    assert ck.resolve_checkpoint(tmp_path / "run", "here") == Path("here") / "model.safetensors"
+    with pytest.raises(DataError, match="holds: avgbest5"):
+        ck.resolve_checkpoint(tmp_path / "run", "avgbest6")
+
+
 def test_prune_and_average(tmp_path):
     root = tmp_path / "checkpoints"
     models = {}

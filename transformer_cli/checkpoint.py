@@ -143,12 +143,14 @@ def remove_checkpoint(folder: str | Path) -> None:
 
 
 def is_checkpoint_name(name: str) -> bool:
-    """True for a name every run dir may hold (best, last, averaged, step_N), False for a path."""
-    return name in NAMED or name.startswith("step_")
+    """True for a folder name under checkpoints/ (best, last, averaged, step_N, or `tcli average -o NAME`),
+    False for a path (it holds a slash or names a .safetensors file)."""
+    return name in NAMED or name.startswith("step_") or ("/" not in name and not name.endswith(".safetensors"))
 
 
 def resolve_checkpoint(run_dir: str | Path, name: str) -> Path:
-    """Path of the weights file for `name`: best | last | averaged | step_N | a folder or .safetensors path."""
+    """Path of the weights file for `name`: a folder under checkpoints/ (best, last, averaged, step_N,
+    any `tcli average -o` name), else a checkpoint folder or .safetensors path."""
     root = checkpoints_dir(run_dir)
     candidates = []
     if is_checkpoint_name(name):
@@ -161,7 +163,7 @@ def resolve_checkpoint(run_dir: str | Path, name: str) -> Path:
             return cand
     have = ", ".join(sorted(p.name for p in root.iterdir() if not p.name.startswith("."))) if root.is_dir() else ""
     where = f"{root} holds: {have}" if have else f"{root} holds no checkpoints; train first"
-    raise DataError(f"checkpoint '{name}' not found ({where}); use best, last, averaged or a path")
+    raise DataError(f"checkpoint '{name}' not found ({where}); use a folder name listed there or a path")
 
 
 def checkpoint_in_run(path: Path) -> tuple[Path, Path] | None:

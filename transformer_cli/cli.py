@@ -191,7 +191,7 @@ def download(
 
 
 DecodeRunDirOpt = typer.Option(..., "--run-dir", help="Trained run directory (config.yaml, tokenizer/, checkpoints/).")
-CheckpointOpt = typer.Option(None, "--checkpoint", help="best | last | averaged | PATH (default: decode.checkpoint).")
+CheckpointOpt = typer.Option(None, "--checkpoint", help="best | last | averaged | step_N | another folder under checkpoints/ (tcli average -o NAME) | PATH (default: decode.checkpoint).")
 BeamOpt = typer.Option(None, "--beam", help="Beam size; 1 = greedy (default: decode.beam).")
 AlphaOpt = typer.Option(None, "--alpha", help="Length penalty exponent (default: decode.alpha).")
 DeviceOpt = typer.Option(None, "--device", help="auto | cpu | cuda | cuda:N | mps (default: decode.device).")

@@ -133,7 +133,7 @@ class DecodeConfig:
     top_k: int = 0  # sample from the k most likely tokens (0 = all)
     top_p: float = 1.0  # nucleus sampling mass
     seed: int = 1  # sampling seed (a sentence's samples depend on it and on the sentence only)
-    checkpoint: str = "best"  # best | last | averaged | path to a .safetensors file
+    checkpoint: str = "best"  # best | last | averaged | step_N | a folder under checkpoints/ | a .safetensors path
     precision: str = "fp32"  # fp32 | bf16 | fp16
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     threads: int = 0  # CPU threads for torch while decoding (0 = torch's default; 1 is best on a busy CPU)

@@ -207,7 +207,7 @@ def _ensemble_member(path: Path, checkpoint: str) -> tuple[Path, str]:
         return run, str(weights)
     if not is_checkpoint_name(checkpoint):
         raise ConfigError(f"--checkpoint '{checkpoint}' is a path, so --ensemble {path} needs its own: name a "
-                          "checkpoint folder (RUN/checkpoints/NAME), or use best, last, averaged or step_N")
+                          "checkpoint folder (RUN/checkpoints/NAME), or use a folder name: best, last, averaged, step_N, ...")
     return path, checkpoint
 
 
