@@ -7,7 +7,8 @@
 
 EVAL_LOG holds each eval's JSON object preceded by a line `# <the eval command>`, as the shell loops
 in docs/benchmarks.md write it. One row per test-set checkpoint, with that checkpoint's validation
-lc BLEU beside it; an experiment is not part of the report (docs/results.json).
+lc BLEU beside it; an experiment is not part of the report (docs/results.json). `hardware` is this
+machine's, so run it where the experiment ran.
 """
 
 from __future__ import annotations
@@ -16,13 +17,12 @@ import argparse
 import json
 import re
 import shlex
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchmark import hardware  # noqa: E402
+from benchmark import hardware, metrics_summary  # noqa: E402
 
 
 def fail(message: str):
@@ -58,45 +58,50 @@ def option(command: list[str], name: str) -> str | None:
     return command[command.index(name) + 1] if name in command else None
 
 
-def checkpoint_label(result: dict, run_dir: Path) -> str:
-    name = Path(result["checkpoint"]).parent.name
-    if name == "averaged":
-        sources = json.loads((run_dir / "checkpoints" / "averaged" / "info.json").read_text()).get("averaged", [])
-        return f"averaged ({len(sources)} ckpts)" if sources else "averaged"
-    return name
+def averaged_last(run_dir: Path, valid_steps: list[int]) -> int:
+    """N of the `tcli average --last N` that wrote checkpoints/averaged: its sources must be the last N
+    validated steps (the periodic checkpoints), else the command in the rows would be wrong."""
+    sources = json.loads((run_dir / "checkpoints" / "averaged" / "info.json").read_text())["averaged"]
+    steps = sorted(int(name.removeprefix("step_")) for name in sources)
+    if not steps or steps != sorted(valid_steps)[-len(steps):]:
+        fail(f"{run_dir}/checkpoints/averaged holds {', '.join(sources)}, not the last {len(sources)} "
+             "validated steps; these rows only describe `tcli average --last N`")
+    return len(steps)
 
 
 def rows(run_dir: Path, train_out: Path, time_file: Path, eval_log: Path) -> list[dict]:
     from transformer_cli.config import load_config
 
     cfg = load_config(run_dir / "config.yaml")
+    from transformer_cli.plots import read_metrics
+
     summary = json.loads(train_out.read_text().strip().splitlines()[-1])
-    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    valid = [m for m in metrics if "valid_bleu" in m]
-    rates = [m["tokens_per_s"] for m in metrics if "tokens_per_s" in m]
+    valid = [m for m in read_metrics(run_dir) if "valid_bleu" in m]
     train_cmd, peak_mb = timed(time_file)
     train_cmd = ["python" if Path(w).name.startswith("python") else w for w in train_cmd]
     overrides = [train_cmd[i + 1] for i, w in enumerate(train_cmd[:-1]) if w == "--set"]
     results = eval_results(eval_log)
-    valid_lc = {checkpoint_label(r, run_dir): r["bleu_lc"] for _, r in results if r["split"] == "valid"}
+    valid_lc = {Path(r["checkpoint"]).parent.name: r["bleu_lc"] for _, r in results if r["split"] == "valid"}
     out = []
     for command, r in results:
         if r["split"] != "test":
             continue
-        label = checkpoint_label(r, run_dir)
+        name = label = Path(r["checkpoint"]).parent.name
         steps = [shlex.join(train_cmd)]
-        if label.startswith("averaged"):
-            steps.append(f"python -m transformer_cli average --run-dir {run_dir} --last {label.split('(')[1].split()[0]}")
+        if name == "averaged":
+            n = averaged_last(run_dir, [m["step"] for m in valid])
+            label = f"averaged ({n} ckpts)"
+            steps.append(f"python -m transformer_cli average --run-dir {run_dir} --last {n}")
         steps.append(command)
         out.append({
             "direction": f"{cfg.data.src_lang}-{cfg.data.tgt_lang}", "test_set": cfg.data.test_split,
             "checkpoint": label, "bleu": round(r["bleu"], 2), "bleu_lc": round(r["bleu_lc"], 2),
             "chrf": round(r["chrf"], 2), "beam": r["beam"], "alpha": r["alpha"],
-            "valid_bleu_lc": round(valid_lc[label], 2) if label in valid_lc else None,
+            "valid_bleu_lc": round(valid_lc[name], 2) if name in valid_lc else None,
             "train_minutes": round(summary["wall_s"] / 60, 1), "steps": summary["step"], "epochs": summary["epoch"],
             "stopped": summary["stopped"], "final_valid_bleu_greedy": valid[-1]["valid_bleu"] if valid else None,
             "best_valid_bleu_greedy": summary.get("best_score"), "best_step": summary.get("best_step"),
-            "median_tgt_tokens_per_s": round(statistics.median(rates)) if rates else None,
+            "median_tgt_tokens_per_s": metrics_summary(run_dir)["train_tgt_tokens_per_s"],
             "train_peak_rss_mb": peak_mb, "hardware": hardware(), "train_threads": cfg.train.threads,
             "config": option(train_cmd, "--config"), "overrides": overrides, "command": "; ".join(steps),
             "bleu_signature": r["bleu_signature"], "bleu_lc_signature": r["bleu_lc_signature"],
@@ -116,7 +121,12 @@ def main() -> None:
     for path in (a.run_dir / "config.yaml", a.run_dir / "metrics.jsonl", a.train_out, a.time, a.eval_log):
         if not path.exists():
             fail(f"{path} does not exist")
-    print(json.dumps(rows(a.run_dir, a.train_out, a.time, a.eval_log), indent=1))
+    from transformer_cli.errors import DataError
+
+    try:
+        print(json.dumps(rows(a.run_dir, a.train_out, a.time, a.eval_log), indent=1))
+    except DataError as e:
+        fail(str(e))
 
 
 if __name__ == "__main__":

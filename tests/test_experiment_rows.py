@@ -13,6 +13,9 @@ TRAIN = ("python -m transformer_cli train --config configs/multi30k_de_en.yaml -
          "--set model.word_dropout=0.1 --set train.threads=2")
 
 
+AVERAGED = ["step_00000150", "step_00000050", "step_00000100"]  # as tcli average --last 3 lists them
+
+
 def _eval(split, ckpt, bleu_lc):
     command = f"python -m transformer_cli eval --run-dir R --split {split} --checkpoint {ckpt} --beam 5 --json"
     result = {"split": split, "checkpoint": f"R/checkpoints/{ckpt}/model.safetensors", "bleu": bleu_lc - 0.3,
@@ -25,10 +28,10 @@ def _experiment(tmp_path):
     run = tmp_path / "R"
     (run / "checkpoints" / "averaged").mkdir(parents=True)
     shutil.copy(ROOT / "configs" / "multi30k_de_en.yaml", run / "config.yaml")
-    (run / "checkpoints" / "averaged" / "info.json").write_text(json.dumps({"averaged": ["a", "b", "c"]}))
-    metrics = [{"step": 50, "tokens_per_s": 100.0}, {"step": 100, "tokens_per_s": 300.0},
-               {"step": 100, "valid_bleu": 30.5}, {"step": 150, "tokens_per_s": 200.0},
-               {"step": 150, "valid_bleu": 31.25}]
+    (run / "checkpoints" / "averaged" / "info.json").write_text(json.dumps({"averaged": AVERAGED}))
+    metrics = [{"step": 50, "tokens_per_s": 100.0}, {"step": 50, "valid_bleu": 25.0},
+               {"step": 100, "tokens_per_s": 300.0}, {"step": 100, "valid_bleu": 30.5},
+               {"step": 150, "tokens_per_s": 200.0}, {"step": 150, "valid_bleu": 31.25}]
     (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     (tmp_path / "R.out").write_text(json.dumps({"stopped": "max_steps", "step": 150, "epoch": 2, "best_score": 31.5,
                                                 "best_step": 100, "wall_s": 600.0}) + "\n")
@@ -70,3 +73,12 @@ def test_an_eval_log_without_results_is_one_line_error(tmp_path):
     result = _rows(tmp_path, run)
     assert result.returncode != 0 and "Traceback (most recent" not in result.stderr
     assert result.stderr.strip().endswith("no JSON object after the command `python -m transformer_cli eval --split test`")
+
+
+def test_an_average_that_is_not_the_last_n_is_refused(tmp_path):
+    """Rows say `tcli average --last N`; an averaged checkpoint from other steps (--best N) must not pass as one."""
+    run = _experiment(tmp_path)
+    (run / "checkpoints" / "averaged" / "info.json").write_text(json.dumps({"averaged": ["step_00000050", "step_00000150"]}))
+    result = _rows(tmp_path, run)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "not the last 2 validated steps" in result.stderr
