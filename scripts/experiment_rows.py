@@ -5,6 +5,10 @@
     tcli eval --run-dir R --split valid|test --checkpoint best|averaged --beam 5 --quiet --json  # into EVAL_LOG
     python scripts/experiment_rows.py --run-dir R --train-out R.out --time R.time --eval-log EVAL_LOG > docs/results_X.json
 
+A training stopped and continued with `--resume` gives one `/usr/bin/time -v` report per part:
+pass them all (`--time R.time R.time2`, in order); the rows take the first part's command, the
+largest peak RSS, and the training minutes summed over the parts from the last part's summary.
+
 EVAL_LOG holds each eval's JSON object preceded by a line `# <the eval command>`, as the shell loops
 in docs/benchmarks.md write it. One row per test-set checkpoint, with that checkpoint's validation
 lc BLEU beside it; an experiment is not part of the report (docs/results.json). `hardware` is this
@@ -54,6 +58,21 @@ def timed(path: Path) -> tuple[list[str], float]:
         fail(f"{path}: not a /usr/bin/time -v report ({e})")
 
 
+def _python(word: str) -> str:
+    """`python` for any interpreter path, so the rows' commands do not name this machine's."""
+    return "python" if Path(word).name.startswith("python") else word
+
+
+def timed_parts(paths: list[Path]) -> tuple[list[str], float]:
+    """The first part's command and the largest peak RSS of a training run in one or more parts."""
+    parts = [([_python(w) for w in command], peak) for command, peak in map(timed, paths)]
+    first = parts[0][0]
+    for path, (command, _) in zip(paths[1:], parts[1:]):
+        if [w for w in command if w != "--resume"] != first or "--resume" not in command:
+            fail(f"{path}: not `{shlex.join(first)}` continued with --resume")
+    return first, max(peak for _, peak in parts)
+
+
 def option(command: list[str], name: str) -> str | None:
     return command[command.index(name) + 1] if name in command else None
 
@@ -69,7 +88,7 @@ def averaged_last(run_dir: Path, valid_steps: list[int]) -> int:
     return len(steps)
 
 
-def rows(run_dir: Path, train_out: Path, time_file: Path, eval_log: Path) -> list[dict]:
+def rows(run_dir: Path, train_out: Path, time_files: list[Path], eval_log: Path) -> list[dict]:
     from transformer_cli.config import load_config
 
     cfg = load_config(run_dir / "config.yaml")
@@ -77,8 +96,7 @@ def rows(run_dir: Path, train_out: Path, time_file: Path, eval_log: Path) -> lis
 
     summary = json.loads(train_out.read_text().strip().splitlines()[-1])
     valid = [m for m in read_metrics(run_dir) if "valid_bleu" in m]
-    train_cmd, peak_mb = timed(time_file)
-    train_cmd = ["python" if Path(w).name.startswith("python") else w for w in train_cmd]
+    train_cmd, peak_mb = timed_parts(time_files)
     overrides = [train_cmd[i + 1] for i, w in enumerate(train_cmd[:-1]) if w == "--set"]
     results = eval_results(eval_log)
     valid_lc = {Path(r["checkpoint"]).parent.name: r["bleu_lc"] for _, r in results if r["split"] == "valid"}
@@ -115,10 +133,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run-dir", type=Path, required=True)
     ap.add_argument("--train-out", type=Path, required=True, help="the training's stdout (its JSON summary)")
-    ap.add_argument("--time", type=Path, required=True, help="the training's /usr/bin/time -v report")
+    ap.add_argument("--time", type=Path, nargs="+", required=True,
+                    help="the training's /usr/bin/time -v report (one per part of a resumed training, in order)")
     ap.add_argument("--eval-log", type=Path, required=True)
     a = ap.parse_args()
-    for path in (a.run_dir / "config.yaml", a.run_dir / "metrics.jsonl", a.train_out, a.time, a.eval_log):
+    for path in (a.run_dir / "config.yaml", a.run_dir / "metrics.jsonl", a.train_out, *a.time, a.eval_log):
         if not path.exists():
             fail(f"{path} does not exist")
     from transformer_cli.errors import DataError

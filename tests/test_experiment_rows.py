@@ -44,9 +44,9 @@ def _experiment(tmp_path):
     return run
 
 
-def _rows(tmp_path, run):
+def _rows(tmp_path, run, times=("R.time",)):
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "experiment_rows.py"), "--run-dir", str(run),
-                           "--train-out", str(tmp_path / "R.out"), "--time", str(tmp_path / "R.time"),
+                           "--train-out", str(tmp_path / "R.out"), "--time", *[str(tmp_path / t) for t in times],
                            "--eval-log", str(tmp_path / "eval.log")], capture_output=True, text=True, cwd=ROOT)
 
 
@@ -82,3 +82,29 @@ def test_an_average_that_is_not_the_last_n_is_refused(tmp_path):
     result = _rows(tmp_path, run)
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "not the last 2 validated steps" in result.stderr
+
+
+def _time_report(path, command, kbytes):
+    path.write_text(f'\tCommand being timed: "/usr/bin/python3.11 {command[7:]}"\n'
+                    f"\tMaximum resident set size (kbytes): {kbytes}\n")
+
+
+def test_a_resumed_training_takes_the_first_command_and_the_largest_peak(tmp_path):
+    run = _experiment(tmp_path)
+    _time_report(tmp_path / "R.time", TRAIN, 1048576)
+    _time_report(tmp_path / "R.time2", TRAIN + " --resume", 3145728)
+    result = _rows(tmp_path, run, ("R.time", "R.time2"))
+    assert result.returncode == 0, result.stderr
+    for row in json.loads(result.stdout):
+        assert row["train_peak_rss_mb"] == 3072 and row["command"].startswith(TRAIN + "; ")
+        assert row["overrides"] == ["model.word_dropout=0.1", "train.threads=2"]
+
+
+def test_a_second_part_that_is_another_command_is_refused(tmp_path):
+    run = _experiment(tmp_path)
+    _time_report(tmp_path / "R.time2", TRAIN.replace("threads=2", "threads=1") + " --resume", 3145728)
+    result = _rows(tmp_path, run, ("R.time", "R.time2"))
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "R.time2: not `python -m transformer_cli train" in result.stderr
+    _time_report(tmp_path / "R.time2", TRAIN, 3145728)  # the same command again, not a resume
+    assert _rows(tmp_path, run, ("R.time", "R.time2")).returncode != 0
