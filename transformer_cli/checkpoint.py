@@ -31,7 +31,6 @@ from .io_utils import _fsync_dir, atomic_save, atomic_write_text
 WEIGHTS = "model.safetensors"
 STATE = "trainer_state.pt"
 INFO = "info.json"
-NAMED = ("best", "last", "averaged")
 VOCAB_MATRICES = ("src_embed.weight", "tgt_embed.weight", "output.weight")  # (V, d_model) in model.py
 
 
@@ -145,7 +144,7 @@ def remove_checkpoint(folder: str | Path) -> None:
 def is_checkpoint_name(name: str) -> bool:
     """True for a folder name under checkpoints/ (best, last, averaged, step_N, or `tcli average -o NAME`),
     False for a path (it holds a slash or names a .safetensors file)."""
-    return name in NAMED or name.startswith("step_") or ("/" not in name and not name.endswith(".safetensors"))
+    return "/" not in name and not name.endswith(".safetensors")
 
 
 def resolve_checkpoint(run_dir: str | Path, name: str) -> Path:
