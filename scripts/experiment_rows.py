@@ -90,10 +90,9 @@ def averaged_last(run_dir: Path, valid_steps: list[int]) -> int:
 
 def rows(run_dir: Path, train_out: Path, time_files: list[Path], eval_log: Path) -> list[dict]:
     from transformer_cli.config import load_config
-
-    cfg = load_config(run_dir / "config.yaml")
     from transformer_cli.plots import read_metrics
 
+    cfg = load_config(run_dir / "config.yaml")
     summary = json.loads(train_out.read_text().strip().splitlines()[-1])
     valid = [m for m in read_metrics(run_dir) if "valid_bleu" in m]
     train_cmd, peak_mb = timed_parts(time_files)

@@ -24,6 +24,11 @@ def _eval(split, ckpt, bleu_lc):
     return f"# {command}\n{json.dumps(result, indent=2)}\n"
 
 
+def _time_report(path, command, kbytes):
+    path.write_text(f'\tCommand being timed: "/usr/bin/python3.11 {command[7:]}"\n'
+                    f"\tMaximum resident set size (kbytes): {kbytes}\n")
+
+
 def _experiment(tmp_path):
     run = tmp_path / "R"
     (run / "checkpoints" / "averaged").mkdir(parents=True)
@@ -35,8 +40,7 @@ def _experiment(tmp_path):
     (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     (tmp_path / "R.out").write_text(json.dumps({"stopped": "max_steps", "step": 150, "epoch": 2, "best_score": 31.5,
                                                 "best_step": 100, "wall_s": 600.0}) + "\n")
-    (tmp_path / "R.time").write_text(f'\tCommand being timed: "/usr/bin/python3.11 {TRAIN[7:]}"\n'
-                                     "\tMaximum resident set size (kbytes): 2097152\n")
+    _time_report(tmp_path / "R.time", TRAIN, 2097152)
     log = "averaged 3 checkpoints into R/checkpoints/averaged\n" + "".join(
         _eval(s, c, v) for s, c, v in [("valid", "best", 43.0), ("valid", "averaged", 43.5),
                                        ("test", "best", 41.0), ("test", "averaged", 41.75)])
@@ -82,11 +86,6 @@ def test_an_average_that_is_not_the_last_n_is_refused(tmp_path):
     result = _rows(tmp_path, run)
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "not the last 2 validated steps" in result.stderr
-
-
-def _time_report(path, command, kbytes):
-    path.write_text(f'\tCommand being timed: "/usr/bin/python3.11 {command[7:]}"\n'
-                    f"\tMaximum resident set size (kbytes): {kbytes}\n")
 
 
 def test_a_resumed_training_takes_the_first_command_and_the_largest_peak(tmp_path):
