@@ -8,6 +8,9 @@
 A training stopped and continued with `--resume` gives one `/usr/bin/time -v` report per part:
 pass them all (`--time R.time R.time2`, in order); the rows take the first part's command, the
 largest peak RSS, and the training minutes summed over the parts from the last part's summary.
+If the first part's report was lost (a killed `/usr/bin/time` writes none), pass the reports there
+are, the first of them a `--resume` one, with `--note` saying so: the rows give the command without
+`--resume` and the peak of the timed parts only, and carry the note.
 
 EVAL_LOG holds each eval's JSON object preceded by a line `# <the eval command>`, as the shell loops
 in docs/benchmarks.md write it. One row per test-set checkpoint, with that checkpoint's validation
@@ -63,10 +66,14 @@ def _python(word: str) -> str:
     return "python" if Path(word).name.startswith("python") else word
 
 
-def timed_parts(paths: list[Path]) -> tuple[list[str], float]:
+def timed_parts(paths: list[Path], note: str | None) -> tuple[list[str], float]:
     """The first part's command and the largest peak RSS of a training run in one or more parts."""
     parts = [([_python(w) for w in command], peak) for command, peak in map(timed, paths)]
     first = parts[0][0]
+    if "--resume" in first:
+        if not note:
+            fail(f"{paths[0]}: a --resume part, so the first part is untimed; pass --note saying why")
+        first = [w for w in first if w != "--resume"]
     for path, (command, _) in zip(paths[1:], parts[1:]):
         if [w for w in command if w != "--resume"] != first or "--resume" not in command:
             fail(f"{path}: not `{shlex.join(first)}` continued with --resume")
@@ -88,14 +95,15 @@ def averaged_last(run_dir: Path, valid_steps: list[int]) -> int:
     return len(steps)
 
 
-def rows(run_dir: Path, train_out: Path, time_files: list[Path], eval_log: Path) -> list[dict]:
+def rows(run_dir: Path, train_out: Path, time_files: list[Path], eval_log: Path,
+         note: str | None = None) -> list[dict]:
     from transformer_cli.config import load_config
     from transformer_cli.plots import read_metrics
 
     cfg = load_config(run_dir / "config.yaml")
     summary = json.loads(train_out.read_text().strip().splitlines()[-1])
     valid = [m for m in read_metrics(run_dir) if "valid_bleu" in m]
-    train_cmd, peak_mb = timed_parts(time_files)
+    train_cmd, peak_mb = timed_parts(time_files, note)
     overrides = [train_cmd[i + 1] for i, w in enumerate(train_cmd[:-1]) if w == "--set"]
     results = eval_results(eval_log)
     valid_lc = {Path(r["checkpoint"]).parent.name: r["bleu_lc"] for _, r in results if r["split"] == "valid"}
@@ -122,7 +130,7 @@ def rows(run_dir: Path, train_out: Path, time_files: list[Path], eval_log: Path)
             "train_peak_rss_mb": peak_mb, "hardware": hardware(), "train_threads": cfg.train.threads,
             "config": option(train_cmd, "--config"), "overrides": overrides, "command": "; ".join(steps),
             "bleu_signature": r["bleu_signature"], "bleu_lc_signature": r["bleu_lc_signature"],
-        })
+        } | ({"note": note} if note else {}))
     if not out:
         fail(f"{eval_log}: no test-split result")
     return out
@@ -135,6 +143,7 @@ def main() -> None:
     ap.add_argument("--time", type=Path, nargs="+", required=True,
                     help="the training's /usr/bin/time -v report (one per part of a resumed training, in order)")
     ap.add_argument("--eval-log", type=Path, required=True)
+    ap.add_argument("--note", help="added to every row: what the files cannot say (e.g. a lost time report)")
     a = ap.parse_args()
     for path in (a.run_dir / "config.yaml", a.run_dir / "metrics.jsonl", a.train_out, *a.time, a.eval_log):
         if not path.exists():
@@ -142,7 +151,7 @@ def main() -> None:
     from transformer_cli.errors import DataError
 
     try:
-        print(json.dumps(rows(a.run_dir, a.train_out, a.time, a.eval_log), indent=1))
+        print(json.dumps(rows(a.run_dir, a.train_out, a.time, a.eval_log, a.note), indent=1))
     except DataError as e:
         fail(str(e))
 

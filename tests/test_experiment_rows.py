@@ -48,10 +48,10 @@ def _experiment(tmp_path):
     return run
 
 
-def _rows(tmp_path, run, times=("R.time",)):
+def _rows(tmp_path, run, times=("R.time",), extra=()):
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "experiment_rows.py"), "--run-dir", str(run),
                            "--train-out", str(tmp_path / "R.out"), "--time", *[str(tmp_path / t) for t in times],
-                           "--eval-log", str(tmp_path / "eval.log")], capture_output=True, text=True, cwd=ROOT)
+                           "--eval-log", str(tmp_path / "eval.log"), *extra], capture_output=True, text=True, cwd=ROOT)
 
 
 def test_rows_pair_each_test_result_with_its_validation_score(tmp_path):
@@ -107,3 +107,16 @@ def test_a_second_part_that_is_another_command_is_refused(tmp_path):
     assert "R.time2: not `python -m transformer_cli train" in result.stderr
     _time_report(tmp_path / "R.time2", TRAIN, 3145728)  # the same command again, not a resume
     assert _rows(tmp_path, run, ("R.time", "R.time2")).returncode != 0
+
+
+def test_a_lost_first_report_needs_a_note_and_gives_the_command_without_resume(tmp_path):
+    run = _experiment(tmp_path)
+    _time_report(tmp_path / "R.time2", TRAIN + " --resume", 3145728)
+    refused = _rows(tmp_path, run, ("R.time2",))
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr and "pass --note" in refused.stderr
+    result = _rows(tmp_path, run, ("R.time2",), ("--note", "first part untimed"))
+    assert result.returncode == 0, result.stderr
+    for row in json.loads(result.stdout):
+        assert row["command"].startswith(TRAIN + "; ") and "--resume" not in row["command"]
+        assert (row["note"], row["train_peak_rss_mb"]) == ("first part untimed", 3072)
+    assert "note" not in json.loads(_rows(tmp_path, run).stdout)[0]
