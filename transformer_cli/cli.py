@@ -198,6 +198,8 @@ DeviceOpt = typer.Option(None, "--device", help="auto | cpu | cuda | cuda:N | mp
 PrecisionOpt = typer.Option(None, "--precision", help="fp32 | bf16 | fp16 (default: decode.precision).")
 MaxTokensOpt = typer.Option(None, "--max-tokens", help="Padded source tokens per batch (default: decode.max_tokens).")
 ThreadsOpt = typer.Option(None, "--threads", help="CPU threads for torch (default: decode.threads; 0 = torch's default).")
+MbrOpt = typer.Option(None, "--mbr", metavar="N", help="Minimum Bayes risk: of the beam's N best, output the one with the highest mean sentence BLEU (or --mbr-metric chrf) against the others (default: decode.mbr; 0 = off).")
+MbrMetricOpt = typer.Option(None, "--mbr-metric", help="Utility for --mbr: bleu | chrf (default: decode.mbr_metric).")
 EnsembleOpt = typer.Option(None, "--ensemble", metavar="RUN_DIR", help="Another run dir (same tokenizer and direction) whose same checkpoint decodes together with --run-dir's, averaging probabilities, or one of its checkpoint folders (RUN/checkpoints/NAME) to decode that one (repeatable).")
 
 
@@ -212,6 +214,8 @@ def translate(
     max_tokens: Optional[int] = MaxTokensOpt,
     nbest: Optional[int] = typer.Option(None, "--nbest", help="Print the N best as 'hyp<TAB>score' pairs on each line."),
     sampling: Optional[bool] = typer.Option(None, "--sampling/--no-sampling", help="Sample (decode.temperature/top_k/top_p) instead of searching."),
+    mbr: Optional[int] = MbrOpt,
+    mbr_metric: Optional[str] = MbrMetricOpt,
     device: Optional[str] = DeviceOpt,
     precision: Optional[str] = PrecisionOpt,
     threads: Optional[int] = ThreadsOpt,
@@ -227,7 +231,8 @@ def translate(
     if buffer_size is not None and buffer_size < 1:
         raise ConfigError(f"--buffer-size must be >= 1, got {buffer_size}")
     decode = {**decode_overrides(sets), **dict(beam=beam, alpha=alpha, max_tokens=max_tokens, nbest=nbest,
-                                                 sampling=sampling, precision=precision, threads=threads)}
+                                                 sampling=sampling, mbr=mbr, mbr_metric=mbr_metric,
+                                                 precision=precision, threads=threads)}
     translator = Translator.from_run_dir(run_dir, checkpoint, device=device, decode=decode, ensemble=ensemble or ())
     nbest = translator.decode_cfg.nbest
     if nbest > translator.decode_cfg.beam:
@@ -261,6 +266,8 @@ def eval_cmd(
     beam: Optional[int] = BeamOpt,
     alpha: Optional[float] = AlphaOpt,
     max_tokens: Optional[int] = MaxTokensOpt,
+    mbr: Optional[int] = MbrOpt,
+    mbr_metric: Optional[str] = MbrMetricOpt,
     device: Optional[str] = DeviceOpt,
     precision: Optional[str] = PrecisionOpt,
     threads: Optional[int] = ThreadsOpt,
@@ -286,7 +293,8 @@ def eval_cmd(
             raise ConfigError(f"--split must be test or valid, got '{split}'")
         from .translator import evaluate_run  # imports torch: not needed to score two files
 
-        decode = dict(beam=beam, alpha=alpha, max_tokens=max_tokens, precision=precision, threads=threads)
+        decode = dict(beam=beam, alpha=alpha, max_tokens=max_tokens, mbr=mbr, mbr_metric=mbr_metric,
+                      precision=precision, threads=threads)
         scores = evaluate_run(run_dir, split or _eval_split(run_dir), checkpoint, device, decode, quiet, ensemble or ())
     typer.echo(json.dumps(scores, indent=2) if as_json else format_table(scores))
 

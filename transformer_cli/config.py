@@ -128,6 +128,8 @@ class DecodeConfig:
     min_len: int = 0  # no end-of-sentence before this many tokens
     max_tokens: int = 8000  # source tokens per decoding batch
     nbest: int = 1  # hypotheses returned per sentence
+    mbr: int = 0  # pick among the beam's N best by minimum Bayes risk (0 = off; 2 <= N <= beam)
+    mbr_metric: str = "bleu"  # MBR utility: bleu | chrf (sacreBLEU sentence scores)
     sampling: bool = False  # sample instead of search (top_k / top_p / temperature)
     temperature: float = 1.0  # sampling temperature
     top_k: int = 0  # sample from the k most likely tokens (0 = all)
@@ -178,6 +180,7 @@ CHOICES = {
     "train.schedule": ("inverse_sqrt", "constant", "cosine"),
     "train.valid_metric": ("bleu", "chrf", "loss"),
     "decode.precision": ("fp32", "bf16", "fp16"),
+    "decode.mbr_metric": ("bleu", "chrf"),
     "eval.split": ("test", "valid"),
 }
 
@@ -193,7 +196,7 @@ NON_NEGATIVE = {
     "train.weight_decay", "train.min_lr", "train.clip_norm", "train.max_steps",
     "train.max_epochs", "train.max_minutes", "train.patience", "train.eps", "train.subword_alpha", "train.rdrop_alpha",
     "train.bidirectional_epochs", "decode.max_len_a",
-    "decode.max_len_b", "decode.min_len", "decode.top_k", "decode.seed", "decode.threads",
+    "decode.max_len_b", "decode.min_len", "decode.top_k", "decode.seed", "decode.threads", "decode.mbr",
 }
 UNIT_INTERVAL = {"model.dropout", "model.attention_dropout", "model.word_dropout", "train.label_smoothing"}  # [0, 1)
 
@@ -305,6 +308,10 @@ def validate(cfg: Config, where: str = "config") -> None:
         raise ConfigError(f"{where}: key 'tokenizer.character_coverage' must be in (0, 1]")
     if not 0.0 < cfg.decode.top_p <= 1.0:
         raise ConfigError(f"{where}: key 'decode.top_p' must be in (0, 1]")
+    d = cfg.decode
+    if d.mbr and (d.mbr < 2 or d.mbr > d.beam or d.sampling):
+        raise ConfigError(f"{where}: key 'decode.mbr' chooses among the beam's n best and must be 0 (off) or "
+                          f"2..decode.beam ({d.beam}) with decode.sampling off, got {d.mbr}")
     if len(cfg.train.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in cfg.train.betas):
         raise ConfigError(f"{where}: key 'train.betas' must be two numbers in [0, 1), got {cfg.train.betas}")
     if cfg.train.subword_nbest == 0 or cfg.train.subword_nbest < -1:

@@ -113,9 +113,16 @@ class Translator:
         out: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in texts]
         if not todo:
             return out
-        hyps = decode_nbest(self.model, ids, self.decode_cfg, self.device, nbest=nbest, progress=progress)
+        cfg = self.decode_cfg
+        want = cfg.nbest if nbest is None else nbest
+        hyps = decode_nbest(self.model, ids, cfg, self.device, nbest=max(want, cfg.mbr), progress=progress)
         for i, hs in zip(todo, hyps):
-            out[i] = list(zip(self.tokenizer.decode_tgt([h.tokens for h in hs]), (h.score for h in hs)))
+            pairs = list(zip(self.tokenizer.decode_tgt([h.tokens for h in hs]), (h.score for h in hs)))
+            if cfg.mbr:  # reorder by expected utility; each keeps its model score
+                from .mbr import mbr_order
+
+                pairs = [pairs[j] for j in mbr_order([p[0] for p in pairs], cfg.mbr_metric)]
+            out[i] = pairs[:want]
         return out
 
     def translate(self, texts: Sequence[str], progress: bool = False) -> list[str]:
@@ -307,6 +314,8 @@ def evaluate_run(run_dir: str | Path, split: str = "test", checkpoint: str | Non
     data = load_split(run_dir, split)
     hyps = translator.translate(data.src_text, progress=not quiet)
     label = checkpoint_label(checkpoint or translator.cfg.decode.checkpoint)
+    if translator.decode_cfg.mbr:  # beside, not over, the plain beam's hyps and scores
+        label += f".mbr{translator.decode_cfg.mbr}{translator.decode_cfg.mbr_metric}"
     if translator.members:
         label += f".ensemble{len(translator.members)}"
     hyp_path = run_dir / "hyps" / f"{split}.{label}.txt"
@@ -316,6 +325,8 @@ def evaluate_run(run_dir: str | Path, split: str = "test", checkpoint: str | Non
     scores = score_files(hyp_path, ref_path, translator.cfg.eval.tokenize)
     scores.update(split=split, checkpoint=str(translator.checkpoint), hyp_file=str(hyp_path),
                   ref_file=str(ref_path), beam=translator.decode_cfg.beam, alpha=translator.decode_cfg.alpha)
+    if translator.decode_cfg.mbr:
+        scores.update(mbr=translator.decode_cfg.mbr, mbr_metric=translator.decode_cfg.mbr_metric)
     if translator.members:
         scores["ensemble"] = [str(p) for p in translator.members]
     scores_path = run_dir / "scores.json"
