@@ -10,9 +10,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-METRICS = ("bleu", "chrf")
-
-
 def _metric(name: str):
     """A sacreBLEU metric object for sentence scores (BLEU with effective order, as is usual per sentence)."""
     from sacrebleu.metrics import BLEU, CHRF
