@@ -160,6 +160,8 @@ def record(run_dir: Path, config: str, mode: str) -> list[dict]:
             "chrf_signature": scores["chrf_signature"],
             "eval_command": command_line(mem), "eval_wall_s": mem["wall_s"], "eval_peak_rss_mb": mem["peak_rss_mb"],
         }
+        if "bleu_tok_lc" in scores:  # tcli eval scores it in the run's target language
+            rec.update(bleu_tok_lc=round(scores["bleu_tok_lc"], 2), bleu_tok_lc_signature=scores["bleu_tok_lc_signature"])
         if name.split(".")[0] == "averaged":
             rec["averaged"] = read_json(run_dir / "checkpoints" / "averaged" / "info.json")["averaged"]
         if scores.get("ensemble"):
@@ -266,11 +268,20 @@ def checkpoint_label(r: dict) -> str:
     return label + (f", seed {r['seed']}" if r.get("seed_override") else "")
 
 
+def bleu_cells(results: list[dict]) -> tuple[str, callable]:
+    """The BLEU columns' header and a row's cells: cased, lc, and Moses-tokenized lc once any result has it."""
+    if not any("bleu_tok_lc" in r for r in results):  # results.json rows from before tcli scored it
+        return "BLEU (cased) | BLEU (lc)", lambda r: f"{fmt(r['bleu'])} | {fmt(r['bleu_lc'])}"
+    return ("BLEU (cased) | BLEU (lc) | BLEU (tok lc)",
+            lambda r: f"{fmt(r['bleu'])} | {fmt(r['bleu_lc'])} | {fmt(r.get('bleu_tok_lc'))}")
+
+
 def quality_table(results: list[dict]) -> list[str]:
-    lines = ["| direction | checkpoint | BLEU (cased) | BLEU (lc) | chrF | beam | train min | steps | epochs | hardware | "
-             "train threads | config |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    head, cells = bleu_cells(results)
+    lines = [f"| direction | checkpoint | {head} | chrF | beam | train min | steps | epochs | hardware | "
+             "train threads | config |", "|" + "---|" * (11 + head.count("|"))]
     for r in results:
-        lines.append(f"| {r['direction']} | {checkpoint_label(r)} | {fmt(r['bleu'])} | {fmt(r['bleu_lc'])} | {fmt(r['chrf'])} | "
+        lines.append(f"| {r['direction']} | {checkpoint_label(r)} | {cells(r)} | {fmt(r['chrf'])} | "
                      f"{r['beam']} | {fmt(r['train_minutes'], 1)} | {fmt(r.get('train_steps'))} | "
                      f"{fmt(r.get('train_epochs'))} | {r['hardware']} | {fmt(r.get('train_threads'))} | `{r['config']}` |")
     return lines
@@ -321,10 +332,17 @@ def render(results: list[dict], speed_data: dict | None, figures: list[str], res
     if quick:
         lines += ["**QUICK-MODE SMOKE FIGURES** (`scripts/benchmark.sh --quick`: tiny model, a few updates).",
                   "They only show that the pipeline runs; they say nothing about translation quality.", ""]
+    tok = next((r for r in results if "bleu_tok_lc" in r), None)
+    published = ("Published Multi30k figures are computed on tokenized, lowercased text, so comparing them with "
+                 "BLEU (lc) is approximate. ")
+    if tok:
+        published = ("Published Multi30k figures are computed on tokenized, lowercased text: BLEU (tok lc) scores "
+                     "the output and references lowercased, punctuation-normalised and Moses-tokenized as the "
+                     "data set's own `lc.norm.tok` files are (`" + tok["bleu_tok_lc_signature"] + "`), the "
+                     "figure to compare with them. ")
     lines += [f"Test set: {results[0]['test_set']} ({results[0]['num_sentences']:,} sentences). BLEU is sacreBLEU on "
               "detokenized output (`" + results[0]["bleu_signature"] + "`); BLEU (lc) adds `-lc` (`"
-              + results[0]["bleu_lc_signature"] + "`). Published Multi30k figures are computed on tokenized, "
-              "lowercased text, so comparing them with BLEU (lc) is approximate. chrF: `"
+              + results[0]["bleu_lc_signature"] + "`). " + published + "chrF: `"
               + results[0]["chrf_signature"] + "`. "
               f"Every number below is read from `{results_name}`.", ""]
     lines += quality_table(results) + ["", "### Measured per run", ""] + run_table(results)
@@ -362,6 +380,8 @@ def readme_block(results: list[dict], results_path: Path, doc_path: Path, readme
         return os.path.relpath(path, readme.parent)
 
     quick = any(r.get("mode") == "quick" for r in results)
+    head, cells = bleu_cells(results)
+    head = head.replace("BLEU (cased)", "BLEU")
     lines = [BEGIN, ""]
     if quick:
         lines += ["**QUICK-MODE SMOKE FIGURES**: they only show that the pipeline runs.", ""]
@@ -369,10 +389,10 @@ def readme_block(results: list[dict], results_path: Path, doc_path: Path, readme
               "and lowercased (`-lc`, how the published Multi30k figures count, so comparisons with those are "
               f"approximate), chrF. Every figure is read from [{Path(results_path).name}]({link(results_path)}), "
               f"written by `scripts/benchmark.sh`; commands, speed and memory: [{Path(doc_path).name}]({link(doc_path)}).",
-              "", "| direction | checkpoint | BLEU | BLEU (lc) | chrF | beam | train min | hardware | train threads | config |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "", f"| direction | checkpoint | {head} | chrF | beam | train min | hardware | train threads | config |",
+              "|" + "---|" * (9 + head.count("|"))]
     for r in results:
-        lines.append(f"| {r['direction']} | {checkpoint_label(r)} | {fmt(r['bleu'])} | {fmt(r['bleu_lc'])} | {fmt(r['chrf'])} | "
+        lines.append(f"| {r['direction']} | {checkpoint_label(r)} | {cells(r)} | {fmt(r['chrf'])} | "
                      f"{r['beam']} | {fmt(r['train_minutes'], 1)} | {r['hardware']} | {fmt(r.get('train_threads'))} | "
                      f"`{r['config']}` |")
     if figures:

@@ -104,7 +104,9 @@ def test_report_section_pngs_and_other_sections_kept(pipeline):
     assert "QUICK-MODE SMOKE FIGURES" in quality
     for r in results:
         assert f"| {r['direction']} | {r['checkpoint']}" in quality
-        assert f"| {r['bleu']:.2f} | {r['bleu_lc']:.2f} | {r['chrf']:.2f} | 5 |" in quality
+        # tcli eval scored the tokenized lowercased BLEU too, so the table has that column
+        assert f"| {r['bleu']:.2f} | {r['bleu_lc']:.2f} | {r['bleu_tok_lc']:.2f} | {r['chrf']:.2f} | 5 |" in quality
+        assert r["bleu_tok_lc_signature"] in quality
     for line in original.splitlines():  # every other section survives word for word
         if line.startswith("## ") and line != "## Quality":
             section = original.split(line + "\n", 1)[1].split("\n## ", 1)[0]
@@ -123,7 +125,8 @@ def test_readme_results_block_comes_from_results_json(pipeline):
     assert benchmark.BEGIN in block and "QUICK-MODE SMOKE FIGURES" in block and "Not measured yet" not in block
     for r in results:
         assert f"| {r['direction']} | {r['checkpoint']}" in block
-        assert f"| {r['bleu']:.2f} | {r['bleu_lc']:.2f} | {r['chrf']:.2f} | 5 | {r['train_minutes']:.1f} |" in block
+        assert (f"| {r['bleu']:.2f} | {r['bleu_lc']:.2f} | {r['bleu_tok_lc']:.2f} | {r['chrf']:.2f} | 5 | "
+                f"{r['train_minutes']:.1f} |") in block
     assert "](results.json)" in block and "](training_tiny.png)" in block and "](attention_tiny.png)" in block
     assert readme.split("\n## Results\n", 1)[0] == original.split("\n## Results\n", 1)[0]  # the rest kept
     assert readme.split(benchmark.END, 1)[1] == original.split(benchmark.END, 1)[1]
@@ -228,6 +231,19 @@ def test_report_keeps_earlier_runs_and_replaces_redone_ones(pipeline, tmp_path):
     benchmark.report([pipeline["run"]], results, doc, None, [])  # redone: its old rows are replaced
     assert json.loads(results.read_text()) == moved + real
     assert doc.read_text().count("| en-de | best |") == 2  # quality and per-run tables
+
+
+def test_rows_from_before_the_tokenized_score_show_a_dash_and_alone_keep_the_old_columns(pipeline):
+    """results.json rows written before tcli eval scored BLEU (tok lc) have no such key: '-' in that column
+    beside newer rows, and a table of old rows only has no such column."""
+    real = json.loads((pipeline["run"] / "bench" / "result.json").read_text())
+    old = [{k: v for k, v in r.items() if not k.startswith("bleu_tok_lc")} for r in real]
+    mixed = "\n".join(benchmark.quality_table(old + real))
+    assert "| BLEU (tok lc) |" in mixed
+    assert f"| {old[0]['bleu']:.2f} | {old[0]['bleu_lc']:.2f} | - | {old[0]['chrf']:.2f} |" in mixed
+    assert f"| {real[0]['bleu_lc']:.2f} | {real[0]['bleu_tok_lc']:.2f} | {real[0]['chrf']:.2f} |" in mixed
+    alone = benchmark.quality_table(old)
+    assert "tok lc" not in alone[0] and alone[1].count("---") == alone[0].count("|") - 1
 
 
 def test_report_on_some_configs_still_links_earlier_configs_curves(pipeline, tmp_path):

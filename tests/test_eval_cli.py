@@ -37,11 +37,18 @@ def test_eval_split_equals_sacrebleu_cli(smoke_run, one_thread, capsys):  # noqa
         assert round(scores[key], 6) == pytest.approx(cli["score"], abs=1e-6), key
         assert scores[f"{key}_signature"] == cli["signature"]
     assert scores["bleu"] > 0.0  # the smoke model gets some n-grams right
+    # the split is also scored as published Multi30k figures are, in the run's target language (en)
+    from transformer_cli.metrics import read_lines, tok_lc_bleu
+
+    tok_lc, signature = tok_lc_bleu(read_lines(hyp), read_lines(ref), "en")
+    assert scores["bleu_tok_lc"] == pytest.approx(tok_lc.score) and scores["bleu_tok_lc_signature"] == signature
     saved = json.loads((smoke_run / "scores.json").read_text(encoding="utf-8"))
     assert saved["test.best"]["bleu"] == scores["bleu"]
     # the table names every metric with its signature
     code, out, _ = run_main(capsys, "eval", "--hyp", hyp, "--ref", ref)
-    assert code == 0 and "BLEU" in out and "chrF" in out and bleu["signature"] in out
+    assert code == 0 and "BLEU" in out and "chrF" in out and bleu["signature"] in out and "Moses" not in out
+    code, out, _ = run_main(capsys, "eval", "--hyp", hyp, "--ref", ref, "--lang", "en", "--json")
+    assert code == 0 and json.loads(out)["bleu_tok_lc"] == pytest.approx(scores["bleu_tok_lc"])
 
 
 def test_eval_files_line_mismatch_and_option_errors(tmp_path, capsys):
@@ -54,6 +61,8 @@ def test_eval_files_line_mismatch_and_option_errors(tmp_path, capsys):
     assert code == 2 and "--ref" in err
     code, _, err = run_main(capsys, "eval", "--run-dir", tmp_path, "--split", "train")
     assert code == 2 and "--split" in err
+    code, _, err = run_main(capsys, "eval", "--run-dir", tmp_path, "--lang", "de")
+    assert code == 2 and "--lang goes with --hyp/--ref" in err
 
 
 def test_only_newline_ends_a_line_as_in_sacrebleu(tmp_path, capsys):

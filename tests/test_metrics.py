@@ -64,3 +64,39 @@ def test_empty_files_are_an_error_not_a_crash(tmp_path):
         score_files(hyp, ref)
     with pytest.raises(DataError, match="no sentences to score"):
         corpus_scores([], [])
+
+
+def test_moses_lc_is_multi30k_preprocessing():
+    """Golden strings: lowercase, then normalize-punctuation (curly quotes, spacing), then tokenize."""
+    from transformer_cli.metrics import moses_lc
+
+    assert moses_lc(["Ein Mann, der „lacht“ & schläft.", "Mr. Smith isn't here!"], "en") == [
+        'ein mann , der &quot; lacht &quot; &amp; schläft .', "mr. smith isn &apos;t here !"]
+    # German nonbreaking prefixes keep "z.B." whole and ordinal numbers with their dot
+    assert moses_lc(["Z.B. am 3. Mai."], "de") == ["z.b. am 3. mai ."]
+
+
+def test_tok_lc_bleu_scores_the_tokenized_text():
+    """bleu_tok_lc = sacreBLEU without its own tokenizer on moses_lc text (multi-bleu.perl's figure)."""
+    from sacrebleu.metrics import BLEU
+
+    hyps, refs = ["Two men aren't talking."], ["Two men aren't talking loudly."]
+    scores = corpus_scores(hyps, refs, lang="en")
+    by_hand = BLEU(tokenize="none").corpus_score(["two men aren &apos;t talking ."],
+                                                 [["two men aren &apos;t talking loudly ."]])
+    assert scores["bleu_tok_lc"] == pytest.approx(by_hand.score)
+    assert scores["bleu_tok_lc"] != pytest.approx(scores["bleu_lc"])  # 13a keeps "aren't" whole
+    assert scores["bleu_tok_lc_signature"].startswith("moses:lc+norm+tok.en|") and "tok:none" in scores[
+        "bleu_tok_lc_signature"]
+    assert "bleu_tok_lc" not in corpus_scores(hyps, refs)  # only with a language
+    assert "Moses-tokenized" in format_table(scores)
+
+
+def test_tok_lc_reference_length_matches_the_published_en_de_anchor(multi30k):
+    """Wu et al. 2021's transformer_tiny log for en-de test_2016_flickr says reflen=12103 (fairseq-generate
+    on Multi30k's lc.norm.tok files); moses_lc of the raw German references gives the same count."""
+    from transformer_cli.metrics import read_lines, tok_lc_bleu
+
+    refs = read_lines(multi30k / "test_2016_flickr.de.gz")
+    score, _ = tok_lc_bleu(refs, refs, "de")
+    assert score.ref_len == 12103 and score.score == pytest.approx(100.0)

@@ -262,6 +262,7 @@ def eval_cmd(
     split: Optional[str] = typer.Option(None, "--split", help="test | valid (default: eval.split)."),
     hyp: Optional[Path] = typer.Option(None, "--hyp", help="Score this hypothesis file (with --ref) instead of decoding."),
     ref: Optional[Path] = typer.Option(None, "--ref", help="Reference file for --hyp."),
+    lang: Optional[str] = typer.Option(None, "--lang", help="Target language of --hyp/--ref (e.g. de): also BLEU on Moses-tokenized lowercased text, how published Multi30k figures are counted (a run dir's split uses its data.tgt_lang)."),
     checkpoint: Optional[str] = CheckpointOpt,
     beam: Optional[int] = BeamOpt,
     alpha: Optional[float] = AlphaOpt,
@@ -275,17 +276,19 @@ def eval_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the scores as JSON."),
     quiet: bool = QuietOpt,
 ) -> None:
-    """sacreBLEU BLEU (cased, 13a), lowercased BLEU and chrF of a decoded split (or of --hyp vs --ref)."""
+    """sacreBLEU BLEU (cased, 13a), lowercased BLEU, chrF and Moses-tokenized lc BLEU of a decoded split (or of --hyp vs --ref)."""
     import json
 
     from .metrics import format_table, score_files
 
     if (hyp is None) != (ref is None):
         raise ConfigError("--hyp and --ref go together; give both files, or neither to decode a split")
+    if lang is not None and hyp is None:
+        raise ConfigError("--lang goes with --hyp/--ref; a run dir's split is scored in its data.tgt_lang")
     if hyp is not None and ensemble:
         raise ConfigError("--ensemble decodes a split with --run-dir; it does not apply to --hyp/--ref")
     if hyp is not None:
-        scores = score_files(hyp, ref)
+        scores = score_files(hyp, ref, lang=lang)
     elif run_dir is None:
         raise ConfigError("give --run-dir to decode a split, or --hyp FILE --ref FILE to score files")
     else:

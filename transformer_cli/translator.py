@@ -322,7 +322,7 @@ def evaluate_run(run_dir: str | Path, split: str = "test", checkpoint: str | Non
     ref_path = run_dir / "hyps" / f"{split}.ref.txt"
     atomic_write_text(hyp_path, "".join(one_line(h) + "\n" for h in hyps))
     atomic_write_text(ref_path, "".join(r + "\n" for r in data.tgt_text))
-    scores = score_files(hyp_path, ref_path, translator.cfg.eval.tokenize)
+    scores = score_files(hyp_path, ref_path, translator.cfg.eval.tokenize, translator.cfg.data.tgt_lang)
     scores.update(split=split, checkpoint=str(translator.checkpoint), hyp_file=str(hyp_path),
                   ref_file=str(ref_path), beam=translator.decode_cfg.beam, alpha=translator.decode_cfg.alpha)
     if translator.decode_cfg.mbr:
