@@ -74,14 +74,12 @@ def measure(json_out: Path, command: list[str]) -> int:
 
 
 def hardware() -> str:
-    """'gpu: NVIDIA H200' when CUDA is visible, else 'cpu: 2 cores AMD EPYC' (cores torch may use)."""
-    try:
-        import torch
+    """'gpu: NVIDIA H200' when CUDA is visible, else 'cpu: 2 cores AMD EPYC' (cores torch may use), with
+    ', no native bf16' for a CPU without AVX512-BF16 or AMX."""
+    import torch
 
-        if torch.cuda.is_available():
-            return f"gpu: {torch.cuda.get_device_name(0)}"
-    except ImportError:
-        pass
+    if torch.cuda.is_available():
+        return f"gpu: {torch.cuda.get_device_name(0)}"
     model = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -91,7 +89,11 @@ def hardware() -> str:
     except OSError:
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"cpu: {cores} cores {model}"
+    from transformer_cli.device import native_bf16
+
+    # the same model name can hide CPUs with and without native bf16, which train.precision auto follows
+    bf16 = "" if native_bf16(torch.device("cpu")) else ", no native bf16"
+    return f"cpu: {cores} cores {model}{bf16}"
 
 
 def metrics_summary(run_dir: Path) -> dict:

@@ -383,3 +383,16 @@ def test_plot_and_average(baseline, tmp_path):
     b = load_file(str(baseline / "checkpoints" / "step_00000045" / "model.safetensors"))
     for key in a:
         assert (avg[key] - (a[key] + b[key]) / 2).abs().max() < 1e-6
+
+
+def test_precision_auto_trains_as_the_precision_it_resolves_to(baseline, tiny_data, tmp_path):
+    """train.precision=auto is resolved once per run (bf16 with native bf16, else fp32) and trains exactly as that."""
+    from transformer_cli.device import resolve_precision
+
+    resolved, _ = resolve_precision("auto", torch.device("cpu"), "train.precision")
+    runs = {name: prepared_copy(baseline, tmp_path / name) for name in ("auto", "explicit", "other")}
+    other = "fp32" if resolved == "bf16" else "bf16"
+    for name, precision in (("auto", "auto"), ("explicit", resolved), ("other", other)):
+        in_process(runs[name], tiny_data, f"train.precision={precision}", "train.max_steps=3")
+    assert bitwise_equal(final_weights(runs["auto"]), final_weights(runs["explicit"]))
+    assert not bitwise_equal(final_weights(runs["auto"]), final_weights(runs["other"]))

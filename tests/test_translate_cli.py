@@ -132,6 +132,7 @@ def test_user_errors_exit_2(smoke_run, tmp_path, capsys, monkeypatch):  # noqa: 
         (["--run-dir", smoke_run, "-i", tmp_path / "missing.txt"], "missing.txt"),
         (["--run-dir", smoke_run, "--set", "train.lr=3"], "decode.*"),
         (["--run-dir", smoke_run, "--set", "decode.top_p=abc"], "decode.top_p"),
+        (["--run-dir", smoke_run, "--device", "cpu", "--precision", "fp16"], "'decode.precision' is fp16"),
     ]
     for args, word in cases:  # in-process through cli.main: the same error path, no interpreter start
         with pytest.raises(SystemExit) as exit_info:
@@ -146,6 +147,14 @@ def test_python_api_from_run_dir(smoke_run, one_thread):  # noqa: F811
     assert t.decode_cfg.beam == 1 and t.checkpoint.parent.name == "last"
     out = t.translate(["Ein Hund läuft.", ""])
     assert out[0] and out[1] == ""
+    # precision auto is resolved for the device once, and decodes as what it resolved to
+    from transformer_cli.device import resolve_precision
+
+    auto = Translator.from_run_dir(smoke_run, checkpoint="last", decode={"beam": 1, "precision": "auto"})
+    resolved = resolve_precision("auto", auto.device, "decode.precision")[0]
+    assert auto.decode_cfg.precision == resolved and resolved in ("bf16", "fp32")
+    explicit = Translator.from_run_dir(smoke_run, checkpoint="last", decode={"beam": 1, "precision": resolved})
+    assert auto.translate(["Ein Hund läuft."]) == explicit.translate(["Ein Hund läuft."])
     assert run_tcli("translate", "--help").returncode == 0
 
 

@@ -86,7 +86,7 @@ class TrainConfig:
     seed: int = 1  # seeds data order, dropout and initialisation
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     threads: int = 0  # CPU threads for torch (0 = torch's default)
-    precision: str = "fp32"  # fp32 | bf16 | fp16 (fp16 on CUDA only)
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (CUDA only) | auto (bf16 where the device has native bf16, else fp32)
     max_tokens: int = 4096  # tokens per batch on the larger side, padding included
     update_freq: int = 1  # gradient accumulation steps per update
     optimizer: str = "adam"  # adam | adamw
@@ -136,7 +136,7 @@ class DecodeConfig:
     top_p: float = 1.0  # nucleus sampling mass
     seed: int = 1  # sampling seed (a sentence's samples depend on it and on the sentence only)
     checkpoint: str = "best"  # best | last | averaged | step_N | a folder under checkpoints/ | a .safetensors path
-    precision: str = "fp32"  # fp32 | bf16 | fp16
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (CUDA only) | auto (bf16 where native, else fp32)
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     threads: int = 0  # CPU threads for torch while decoding (0 = torch's default; 1 is best on a busy CPU)
 
@@ -175,11 +175,11 @@ CHOICES = {
     "tokenizer.model_type": ("unigram", "bpe"),
     "model.activation": ("relu", "gelu"),
     "model.norm": ("post", "pre"),
-    "train.precision": ("fp32", "bf16", "fp16"),
+    "train.precision": ("fp32", "bf16", "fp16", "auto"),
     "train.optimizer": ("adam", "adamw"),
     "train.schedule": ("inverse_sqrt", "constant", "cosine"),
     "train.valid_metric": ("bleu", "chrf", "loss"),
-    "decode.precision": ("fp32", "bf16", "fp16"),
+    "decode.precision": ("fp32", "bf16", "fp16", "auto"),
     "decode.mbr_metric": ("bleu", "chrf"),
     "eval.split": ("test", "valid"),
 }

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import DecodeConfig
+from .device import autocast
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 SRC_BUCKET = 8  # sources are padded to a multiple of this many tokens
@@ -397,14 +398,6 @@ def make_batches(src_lens: Sequence[int], max_tokens: int) -> list[list[int]]:
     return batches
 
 
-def _autocast(device: torch.device, precision: str):
-    """Autocast context for bf16/fp16 decoding (log-softmax and scores stay fp32)."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
 @contextlib.contextmanager
 def inference(model, device: torch.device, precision: str, total: int, progress: bool):
     """Eval mode (no dropout), inference_mode and autocast around a decoding loop; yields a progress bar.
@@ -415,7 +408,7 @@ def inference(model, device: torch.device, precision: str, total: int, progress:
     was_training = model.training
     model.eval()
     try:
-        with torch.inference_mode(), _autocast(device, precision):
+        with torch.inference_mode(), autocast(device, precision):
             yield bar
     finally:
         model.train(was_training)

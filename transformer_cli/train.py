@@ -34,7 +34,7 @@ import torch
 
 from . import checkpoint as ck
 from .config import Config, from_dict, read_yaml
-from .device import resolve_device
+from .device import autocast, resolve_device, resolve_precision  # autocast: also for scripts/bench_train.py
 from .errors import ConfigError, DataError, TcliError
 from .io_utils import atomic_write_text
 from .loss import rdrop_loss_sum, token_loss_sum
@@ -308,23 +308,6 @@ def prefetch(items, depth: int = 2):
         thread.join()
 
 
-def autocast(device: torch.device, precision: str):
-    """The autocast context for a precision (fp32: none)."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device.type, dtype=dtype)
-
-
-def check_precision(precision: str, device: torch.device) -> None:
-    """fp16 needs CUDA (grad scaler); bf16 autocast runs on CPU and CUDA."""
-    if precision == "fp16" and device.type != "cuda":
-        raise ConfigError(f"key 'train.precision' is fp16, which needs a CUDA device (this run uses "
-                          f"{device.type}); use bf16 or fp32")
-    if precision == "bf16" and device.type not in ("cpu", "cuda"):
-        raise ConfigError(f"key 'train.precision' bf16 is supported on cpu and cuda, not {device.type}; use fp32")
-
-
 def format_seconds(seconds: float) -> str:
     """'1h02m', '3m05s' or '42s'."""
     seconds = int(seconds)
@@ -339,7 +322,8 @@ def format_seconds(seconds: float) -> str:
 class Trainer:
     """Holds the model, optimizer and data of one training run; `run()` trains to a stop condition."""
 
-    def __init__(self, cfg: Config, run_dir: Path, dist: Dist, quiet: bool, resume_command: str):
+    def __init__(self, cfg: Config, run_dir: Path, dist: Dist, quiet: bool, resume_command: str,
+                 precision: str | None = None):
         from .batching import collate, token_batches
         from .data import load_split
         from .model import build_model
@@ -348,6 +332,8 @@ class Trainer:
         self.cfg, self.t, self.run_dir, self.dist, self.quiet = cfg, cfg.train, run_dir, dist, quiet
         self.resume_command = resume_command
         self.device = dist.device
+        # train.precision resolved for this device (auto: bf16 or fp32); validation decodes in it too
+        self.precision = precision or resolve_precision(self.t.precision, self.device, "train.precision")[0]
         self._collate, self._token_batches = collate, token_batches
         self.train_split, self.valid_split = load_split(run_dir, "train"), load_split(run_dir, "valid")
         self.tokenizer = Tokenizer.load(run_dir / "tokenizer")
@@ -362,7 +348,7 @@ class Trainer:
             self.updates_per_epoch = math.ceil(self.updates_per_epoch / 2)
         self.total_steps = self._total_steps()
         self.scheduler = build_scheduler(self.optimizer, self.t, self.total_steps)
-        self.scaler = torch.amp.GradScaler("cuda") if self.t.precision == "fp16" else None
+        self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
         self.progress = Progress()
         self.records: list[dict] = []
         self.signal: int | None = None
@@ -503,7 +489,7 @@ class Trainer:
             last = i == len(batches) - 1
             sync = contextlib.nullcontext() if last or self.dist.world == 1 else model.no_sync()
             with sync:
-                with autocast(self.device, self.t.precision):  # logits not kept: frees (B, T, V) early
+                with autocast(self.device, self.precision):  # logits not kept: frees (B, T, V) early
                     loss = self.batch_loss(model, batch)
                 scaled = loss * scale
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
@@ -540,7 +526,7 @@ class Trainer:
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         for idx in batches:
             batch = self._collate(split, idx).to(self.device)
-            with autocast(self.device, self.t.precision):
+            with autocast(self.device, self.precision):
                 logits = self.model(batch.src, batch.tgt_in)
                 total += token_loss_sum(logits.float(), batch.tgt_out).double()
         return total.item() / max(int(tgt_lens.sum()), 1)
@@ -552,7 +538,7 @@ class Trainer:
 
         srcs = [ids.tolist() for ids in self.valid_split.src]
         # decode in the training precision, best hypothesis only, never sampled
-        dcfg = dataclasses.replace(self.cfg.decode, precision=self.t.precision, sampling=False, nbest=1)
+        dcfg = dataclasses.replace(self.cfg.decode, precision=self.precision, sampling=False, nbest=1)
         hyps = decode_ids(self.model, srcs, dcfg, self.device, beam=self.t.valid_beam)
         scores = corpus_scores(self.tokenizer.decode_tgt(hyps), self.valid_split.tgt_text)
         return {"valid_bleu": round(scores["bleu"], 3), "valid_chrf": round(scores["chrf"], 3)}
@@ -845,7 +831,7 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, 
     dist = init_distributed(cfg.train.device)
     held = contextlib.ExitStack()  # rank 0's run-dir lock, held until training ends
     try:
-        check_precision(cfg.train.precision, dist.device)
+        precision, note = resolve_precision(cfg.train.precision, dist.device, "train.precision")
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
 
@@ -856,7 +842,9 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, 
             prepare(cfg, run_dir, quiet=quiet)
 
         dist.on_main(setup)
-        trainer = Trainer(cfg, run_dir, dist, quiet, resume_command)
+        trainer = Trainer(cfg, run_dir, dist, quiet, resume_command, precision)
+        if note:
+            trainer.log(note)
         return trainer.run(resume)
     finally:
         held.close()

@@ -14,6 +14,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import torch
 
 from .config import Config, DecodeConfig, from_dict, read_yaml
+from .device import resolve_precision
 from .errors import ConfigError, DataError
 from .search import Hypothesis, decode_nbest
 from .tokenizer import EOS_ID
@@ -31,7 +32,9 @@ class Translator:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.cfg = cfg
-        self.decode_cfg: DecodeConfig = dataclasses.replace(cfg.decode)
+        # decode.precision auto becomes bf16 or fp32 for this device; fp16 on a CPU is a ConfigError
+        precision, _ = resolve_precision(cfg.decode.precision, device, "decode.precision")
+        self.decode_cfg: DecodeConfig = dataclasses.replace(cfg.decode, precision=precision)
         self.device = device
         self.checkpoint = checkpoint
         self.members = list(members)  # the weights files of an ensemble, `checkpoint` first
@@ -61,8 +64,6 @@ class Translator:
             torch.set_num_threads(cfg.decode.threads)  # process-wide, as train.threads does
         checkpoint = checkpoint or cfg.decode.checkpoint
         dev = resolve_device(device or cfg.decode.device)
-        if cfg.decode.precision == "fp16" and dev.type == "cpu":
-            raise ConfigError("decode.precision fp16 needs a CUDA device; use --precision bf16 or fp32 on CPU")
         tokenizer = Tokenizer.load(run_dir / "tokenizer")
         model, weights = _load_model(run_dir, cfg, tokenizer, checkpoint)
         if not ensemble:
