@@ -392,7 +392,8 @@ def test_precision_auto_trains_as_the_precision_it_resolves_to(baseline, tiny_da
     resolved, _ = resolve_precision("auto", torch.device("cpu"), "train.precision")
     runs = {name: prepared_copy(baseline, tmp_path / name) for name in ("auto", "explicit", "other")}
     other = "fp32" if resolved == "bf16" else "bf16"
-    for name, precision in (("auto", "auto"), ("explicit", resolved), ("other", other)):
-        in_process(runs[name], tiny_data, f"train.precision={precision}", "train.max_steps=3")
+    summaries = {name: in_process(runs[name], tiny_data, f"train.precision={precision}", "train.max_steps=3")
+                 for name, precision in (("auto", "auto"), ("explicit", resolved), ("other", other))}
+    assert summaries["auto"]["precision"] == resolved and summaries["other"]["precision"] == other
     assert bitwise_equal(final_weights(runs["auto"]), final_weights(runs["explicit"]))
     assert not bitwise_equal(final_weights(runs["auto"]), final_weights(runs["other"]))

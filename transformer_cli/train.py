@@ -789,7 +789,7 @@ class Trainer:
         out = {
             "run_dir": str(self.run_dir), "stopped": reason, "step": p.step, "epoch": p.epoch,
             "metric": self.t.valid_metric, "best_score": p.best_score, "best_step": p.best_step,
-            "wall_s": round(p.wall_s, 1), "exit_code": 0,
+            "wall_s": round(p.wall_s, 1), "precision": self.precision, "exit_code": 0,
         }
         if reason == "signal":
             name = signal.Signals(self.signal).name
