@@ -138,6 +138,7 @@ def record(run_dir: Path, config: str, mode: str) -> list[dict]:
         "hardware": hardware(), "config": config, "command": command_line(train_mem, no_rerun),
         "run_dir": str(run_dir), **metrics_summary(run_dir), "train_stopped": summary.get("stopped"),
         "train_peak_rss_mb": train_mem["peak_rss_mb"],
+        "train_precision": summary.get("precision"),  # what train.precision (auto) resolved to
         "train_threads": cfg.train.threads or os.cpu_count(),  # 0 in a config = one per core
         "seed": cfg.train.seed,
     }
@@ -387,9 +388,12 @@ def readme_block(results: list[dict], results_path: Path, doc_path: Path, readme
     lines = [BEGIN, ""]
     if quick:
         lines += ["**QUICK-MODE SMOKE FIGURES**: they only show that the pipeline runs.", ""]
+    lc = ("and lowercased (`-lc`), BLEU (tok lc) on Moses-tokenized lowercased text as the published Multi30k "
+          "figures are counted, " if "tok lc" in head else
+          "and lowercased (`-lc`, how the published Multi30k figures count, so comparisons with those are "
+          "approximate), ")
     lines += [f"Multi30k {results[0]['test_set']} ({results[0]['num_sentences']:,} sentences), sacreBLEU cased 13a "
-              "and lowercased (`-lc`, how the published Multi30k figures count, so comparisons with those are "
-              f"approximate), chrF. Every figure is read from [{Path(results_path).name}]({link(results_path)}), "
+              + lc + f"chrF. Every figure is read from [{Path(results_path).name}]({link(results_path)}), "
               f"written by `scripts/benchmark.sh`; commands, speed and memory: [{Path(doc_path).name}]({link(doc_path)}).",
               "", f"| direction | checkpoint | {head} | chrF | beam | train min | hardware | train threads | config |",
               "|" + "---|" * (9 + head.count("|"))]
