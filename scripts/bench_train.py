@@ -36,7 +36,8 @@ sys.path.insert(0, str(ROOT))
 from transformer_cli.batching import collate, token_batches  # noqa: E402
 from transformer_cli.config import load_config  # noqa: E402
 from transformer_cli.data import load_split, prepare  # noqa: E402
-from transformer_cli.train import Dist, Trainer, autocast  # noqa: E402
+from transformer_cli.device import autocast  # noqa: E402
+from transformer_cli.train import Dist, Trainer  # noqa: E402
 
 VARIANTS = ("tcli-fp32", "ref-fp32", "tcli-bf16", "ref-bf16")
 

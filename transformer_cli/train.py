@@ -34,7 +34,7 @@ import torch
 
 from . import checkpoint as ck
 from .config import Config, from_dict, read_yaml
-from .device import autocast, resolve_device, resolve_precision  # autocast: also for scripts/bench_train.py
+from .device import autocast, resolve_device, resolve_precision
 from .errors import ConfigError, DataError, TcliError
 from .io_utils import atomic_write_text
 from .loss import rdrop_loss_sum, token_loss_sum
