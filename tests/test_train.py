@@ -397,3 +397,28 @@ def test_precision_auto_trains_as_the_precision_it_resolves_to(baseline, tiny_da
     assert summaries["auto"]["precision"] == resolved and summaries["other"]["precision"] == other
     assert bitwise_equal(final_weights(runs["auto"]), final_weights(runs["explicit"]))
     assert not bitwise_equal(final_weights(runs["auto"]), final_weights(runs["other"]))
+
+
+def test_ema_checkpoint_tracks_training_resumes_exactly_and_evaluates(baseline, tiny_data, tmp_path):
+    """train.ema_decay writes checkpoints/ema: a run stopped at step 15 and resumed ends with the
+    uninterrupted run's moving average bit for bit; it differs from the last weights, a tiny decay makes
+    it the last weights, and `tcli eval --checkpoint ema` decodes with it."""
+    ema = ["train.ema_decay=0.9"]
+    runs = {name: prepared_copy(baseline, tmp_path / name) for name in ("whole", "stopped", "tiny")}
+    in_process(runs["whole"], tiny_data, *ema, "train.max_steps=30")
+    in_process(runs["stopped"], tiny_data, *ema, "train.max_steps=15")
+    in_process(runs["stopped"], tiny_data, *ema, "train.max_steps=30", resume=True)
+    in_process(runs["tiny"], tiny_data, "train.ema_decay=1e-6", "train.max_steps=15")
+
+    def ema_weights(run_dir: Path) -> dict:
+        return load_file(str(run_dir / "checkpoints" / "ema" / "model.safetensors"))
+
+    whole = ema_weights(runs["whole"])
+    assert bitwise_equal(ema_weights(runs["stopped"]), whole)
+    assert not bitwise_equal(whole, final_weights(runs["whole"]))
+    assert json.loads((runs["whole"] / "checkpoints" / "ema" / "info.json").read_text())["step"] == 30
+    tiny, last = ema_weights(runs["tiny"]), final_weights(runs["tiny"])
+    assert tiny.keys() == last.keys() and all(torch.allclose(tiny[k], last[k], atol=1e-5) for k in tiny)
+    result = run_tcli("eval", "--run-dir", str(runs["whole"]), "--checkpoint", "ema", "--beam", "1")
+    assert result.returncode == 0, result.stderr
+    assert "bleu" in result.stdout.lower()

@@ -103,6 +103,7 @@ class TrainConfig:
     subword_nbest: int = -1  # unigram: sample among the n best segmentations (-1 = all)
     bidirectional_epochs: int = 0  # > 0: the first N epochs also train on every pair reversed (BiT; joint vocab)
     clip_norm: float = 1.0  # 0 = no clipping
+    ema_decay: float = 0.0  # > 0 (e.g. 0.999): also keep an exponential moving average of the weights, saved as checkpoints/ema
     max_steps: int = 0  # 0 = no limit
     max_epochs: int = 0  # 0 = no limit
     max_minutes: float = 0.0  # wall-time limit, 0 = no limit
@@ -198,7 +199,8 @@ NON_NEGATIVE = {
     "train.bidirectional_epochs", "decode.max_len_a",
     "decode.max_len_b", "decode.min_len", "decode.top_k", "decode.seed", "decode.threads", "decode.mbr",
 }
-UNIT_INTERVAL = {"model.dropout", "model.attention_dropout", "model.word_dropout", "train.label_smoothing"}  # [0, 1)
+UNIT_INTERVAL = {"model.dropout", "model.attention_dropout", "model.word_dropout", "train.label_smoothing",
+                 "train.ema_decay"}  # [0, 1)
 
 
 def _all_keys() -> list[str]:

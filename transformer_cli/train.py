@@ -35,6 +35,7 @@ import torch
 from . import checkpoint as ck
 from .config import Config, from_dict, read_yaml
 from .device import autocast, resolve_device, resolve_precision
+from .ema import EMA
 from .errors import ConfigError, DataError, TcliError
 from .io_utils import atomic_write_text
 from .loss import rdrop_loss_sum, token_loss_sum
@@ -343,6 +344,7 @@ class Trainer:
         self.model = build_model(cfg, self.tokenizer.src_vocab_size, self.tokenizer.tgt_vocab_size).to(self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.params, self.t)
+        self.ema = EMA(self.params, self.t.ema_decay) if self.t.ema_decay > 0 else None
         self.updates_per_epoch = self._updates_in(len(self.epoch_batches(1)))
         if self.t.bidirectional_epochs:  # epoch 1 held every pair twice
             self.updates_per_epoch = math.ceil(self.updates_per_epoch / 2)
@@ -439,6 +441,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler else {},
+            "ema": self.ema.state_dict() if self.ema else None,
             "rng": rngs,
             "world_size": self.dist.world,
             "config_hash": config_hash(self.cfg),  # what tcli before "config" compares on --resume
@@ -461,6 +464,8 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler and state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
+        if self.ema and state.get("ema"):
+            self.ema.load_state_dict(state["ema"])
         self.progress = Progress(**state["progress"])
         rngs = state["rng"]
         if state["world_size"] == self.dist.world:
@@ -504,6 +509,8 @@ class Trainer:
             self.scaler.update()
         else:
             self.optimizer.step()
+        if self.ema:
+            self.ema.update()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return lr
@@ -575,6 +582,11 @@ class Trainer:
                 ck.write_checkpoint(root / ck.step_name(self.progress.step), self.model, info)
                 if self.progress.best_step == self.progress.step:
                     ck.write_checkpoint(root / "best", self.model, info)
+            if self.ema:  # the moving average as of this step; no validation score of its own
+                with self.ema.swapped():
+                    ck.write_checkpoint(root / "ema", self.model, {"step": self.progress.step,
+                                                                   "epoch": self.progress.epoch,
+                                                                   "ema_decay": self.ema.decay})
             ck.write_checkpoint(root / "last", self.model, info, state=state)
             ck.prune(self.run_dir, self.t.keep_last, self.t.keep_best, self.t.valid_metric)
         self.last_saved_step = self.progress.step
