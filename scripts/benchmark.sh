@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The reproducible Multi30k report (issue 7): for each config prepare, train, average, decode the
-# test set with beam 5 (best and averaged checkpoints), score, measure time and peak memory; then
+# test set with beam 5 (best, averaged and, with train.ema_decay, ema checkpoints), score, measure time and peak memory; then
 # the speed scripts; then docs/results.json, the `## Quality` section of docs/benchmarks.md, the
 # `## Results` block of README.md, the training curves and one cross-attention heatmap. Resumable: a run whose bench/result.json exists
 # is skipped, an interrupted training continues with --resume. Progress goes to stderr.
@@ -107,7 +107,7 @@ run_name() {
   if (( $2 > 1 )); then echo "${stem}_seed$2"; else echo "$stem"; fi
 }
 
-# run_config CONFIG SEED: train (seed 1 = the config's own seed), average, decode, record
+# run_config CONFIG SEED: train (seed 1 = the config's own seed), average, decode (best, averaged, ema), record
 run_config() {
   local config=$1 seed=$2 stem run bench n ck
   stem=$(run_name "$config" "$seed")
@@ -150,6 +150,7 @@ run_config() {
     "${TCLI[@]}" average --run-dir "$run" --last "$n" >&2
     checkpoints+=(averaged)
   fi
+  if [[ -d $run/checkpoints/ema ]]; then checkpoints+=(ema); fi  # train.ema_decay > 0
   for ck in "${checkpoints[@]}"; do
     log "$stem: decoding the test set with the $ck checkpoint, beam $BEAM"
     "${PY[@]}" measure --json "$bench/eval.$ck.measure.json" -- \

@@ -322,3 +322,18 @@ def test_record_of_a_run_with_a_bad_config_is_one_line_not_a_traceback(tmp_path)
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines()[-1].startswith(f"benchmark: error: {run / 'config.yaml'}: unknown key 'data.no_such_key'")
+
+
+def test_a_run_with_ema_also_reports_the_ema_checkpoint(pipeline, tmp_path):
+    """train.ema_decay > 0 writes checkpoints/ema; the pipeline decodes it too and reports its row."""
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    result = run_benchmark("--quick", "--configs", str(pipeline["config"]), "--runs", str(runs), "--out", str(out),
+                           "--no-speed", "--set", "train.max_steps=20", "--set", "train.valid_every=10",
+                           "--set", "train.ema_decay=0.9")
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads((out / "results.json").read_text())
+    assert [r["checkpoint"] for r in rows] == ["best", "averaged", "ema"]
+    ema = rows[2]
+    assert ema["bleu"] == json.loads((runs / "tiny" / "bench" / "eval.ema.json").read_text())["bleu"]
+    assert (runs / "tiny" / "hyps" / "test.ema.txt").is_file()
+    assert "| ema |" in (out / "README.md").read_text()
