@@ -49,7 +49,7 @@ class EMA:
                     p.copy_(b)
 
     def state_dict(self) -> dict:
-        return {"decay": self.decay, "num_updates": self.num_updates, "shadow": [s.clone() for s in self.shadow]}
+        return {"num_updates": self.num_updates, "shadow": [s.clone() for s in self.shadow]}  # decay: the config's
 
     def load_state_dict(self, state: dict) -> None:
         if len(state["shadow"]) != len(self.shadow):
