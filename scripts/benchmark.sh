@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The reproducible Multi30k report (issue 7): for each config prepare, train, average, decode the
 # test set with beam 5 (best, averaged and, with train.ema_decay, ema checkpoints), score, measure
-# time and peak memory; then the speed scripts; then docs/results.json, the `## Quality` section of docs/benchmarks.md, the
-# `## Results` block of README.md, the training curves and one cross-attention heatmap. Resumable: a run whose bench/result.json exists
-# is skipped, an interrupted training continues with --resume. Progress goes to stderr.
+# time and peak memory; then the speed scripts; then docs/results.json, the `## Quality` section of
+# docs/benchmarks.md, the `## Results` block of README.md, the training curves and one
+# cross-attention heatmap. Resumable: a run whose bench/result.json exists is skipped, an
+# interrupted training continues with --resume. Progress goes to stderr.
 #
 #   scripts/benchmark.sh                       # de-en, en-de, en-fr with the shipped configs -> docs/
 #   scripts/benchmark.sh --jobs 3 --no-speed   # the same, three trainings at once
