@@ -174,11 +174,11 @@ def test_eval_with_ensemble_labels_its_files_and_scores(smoke_run, second_run, t
     r = tcli("eval", "--run-dir", run, "--split", "valid", "--beam", 1, "--ensemble", second_run, "--json", "--quiet")
     assert r.returncode == 0, r.stderr
     scores = json.loads(r.stdout)
-    assert scores["hyp_file"] == str(run / "hyps" / "valid.best.ensemble2.txt")
+    assert scores["hyp_file"] == str(run / "hyps" / "valid.best.beam1.ensemble2.txt")
     assert scores["ensemble"] == [str(run / "checkpoints" / "best" / "model.safetensors"),
                                   str(second_run / "checkpoints" / "best" / "model.safetensors")]
     saved = json.loads((run / "scores.json").read_text(encoding="utf-8"))
-    assert saved["valid.best.ensemble2"]["bleu"] == scores["bleu"]
+    assert saved["valid.best.beam1.ensemble2"]["bleu"] == scores["bleu"]
     assert scores["num_sentences"] == 1014
 
 

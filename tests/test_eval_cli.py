@@ -28,7 +28,8 @@ def test_eval_split_equals_sacrebleu_cli(smoke_run, one_thread, capsys):  # noqa
                               "--beam", 1)
     assert code == 0, err
     scores = json.loads(out)
-    hyp, ref = smoke_run / "hyps" / "test.best.txt", smoke_run / "hyps" / "test.ref.txt"
+    # beam 1 is not the run's decode.beam (2), so the file name says so
+    hyp, ref = smoke_run / "hyps" / "test.best.beam1.txt", smoke_run / "hyps" / "test.ref.txt"
     assert scores["hyp_file"] == str(hyp) and scores["num_sentences"] == 1000
     assert len(hyp.read_text(encoding="utf-8").split("\n")) == 1001
     bleu, chrf = sacrebleu_cli(ref, hyp, "-m", "bleu", "chrf")
@@ -43,12 +44,42 @@ def test_eval_split_equals_sacrebleu_cli(smoke_run, one_thread, capsys):  # noqa
     tok_lc, signature = tok_lc_bleu(read_lines(hyp), read_lines(ref), "en")
     assert scores["bleu_tok_lc"] == pytest.approx(tok_lc.score) and scores["bleu_tok_lc_signature"] == signature
     saved = json.loads((smoke_run / "scores.json").read_text(encoding="utf-8"))
-    assert saved["test.best"]["bleu"] == scores["bleu"]
+    assert saved["test.best.beam1"]["bleu"] == scores["bleu"]
     # the table names every metric with its signature
     code, out, _ = run_main(capsys, "eval", "--hyp", hyp, "--ref", ref)
     assert code == 0 and "BLEU" in out and "chrF" in out and bleu["signature"] in out and "Moses" not in out
     code, out, _ = run_main(capsys, "eval", "--hyp", hyp, "--ref", ref, "--lang", "en", "--json")
     assert code == 0 and json.loads(out)["bleu_tok_lc"] == pytest.approx(scores["bleu_tok_lc"])
+
+
+def test_other_search_settings_write_beside_not_over(smoke_run, one_thread, capsys):  # noqa: F811
+    """A second eval of one checkpoint with another --alpha keeps the first one's hypotheses and scores."""
+    hyps = smoke_run / "hyps"
+    code, out, err = run_main(capsys, "eval", "--run-dir", smoke_run, "--split", "valid", "--json", "--quiet",
+                              "--beam", 2)  # the run's own decode.beam: the plain name
+    assert code == 0, err
+    plain = json.loads(out)
+    assert plain["hyp_file"] == str(hyps / "valid.best.txt")
+    before = (hyps / "valid.best.txt").read_bytes()
+    code, out, err = run_main(capsys, "eval", "--run-dir", smoke_run, "--split", "valid", "--json", "--quiet",
+                              "--alpha", 3.0)
+    assert code == 0, err
+    other = json.loads(out)
+    assert other["hyp_file"] == str(hyps / "valid.best.alpha3.txt") and other["alpha"] == 3.0
+    assert (hyps / "valid.best.txt").read_bytes() == before
+    saved = json.loads((smoke_run / "scores.json").read_text(encoding="utf-8"))
+    assert saved["valid.best"]["alpha"] == 0.6 and saved["valid.best"]["bleu"] == plain["bleu"]
+    assert saved["valid.best.alpha3"]["alpha"] == 3.0 and saved["valid.best.alpha3"]["bleu"] == other["bleu"]
+
+
+def test_search_label_names_only_what_differs_from_the_run():
+    from transformer_cli.config import DecodeConfig
+    from transformer_cli.translator import search_label
+
+    base = DecodeConfig(beam=5, alpha=0.6, precision="fp32")
+    assert search_label(base, DecodeConfig(beam=5, alpha=0.6, precision="fp32", max_tokens=100, threads=1)) == ""
+    assert search_label(base, DecodeConfig(beam=1, alpha=1.5, precision="bf16")) == ".beam1.alpha1.5.bf16"
+    assert search_label(base, DecodeConfig(beam=5, alpha=1.0)) == ".alpha1"
 
 
 def test_eval_files_line_mismatch_and_option_errors(tmp_path, capsys):

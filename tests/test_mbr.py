@@ -53,10 +53,10 @@ def test_eval_mbr_keeps_the_beam_files(smoke_run, one_thread, capsys):  # noqa: 
                               "--beam", 3, "--mbr", 3, "--mbr-metric", "chrf")
     assert code == 0, err
     scores = json.loads(out)
-    assert scores["hyp_file"].endswith("valid.best.mbr3chrf.txt") and scores["mbr"] == 3
+    assert scores["hyp_file"].endswith("valid.best.beam3.mbr3chrf.txt") and scores["mbr"] == 3
     assert scores["mbr_metric"] == "chrf"
     table = json.loads((smoke_run / "scores.json").read_text(encoding="utf-8"))
-    assert table["valid.best.mbr3chrf"]["mbr"] == 3
+    assert table["valid.best.beam3.mbr3chrf"]["mbr"] == 3
     assert all("mbr" not in v for k, v in table.items() if ".mbr" not in k)  # plain beam rows stay plain
 
 

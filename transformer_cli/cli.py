@@ -276,7 +276,12 @@ def eval_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the scores as JSON."),
     quiet: bool = QuietOpt,
 ) -> None:
-    """sacreBLEU BLEU (cased, 13a), lowercased BLEU, chrF and Moses-tokenized lc BLEU of a decoded split (or of --hyp vs --ref)."""
+    """sacreBLEU BLEU (cased, 13a), lowercased BLEU, chrF and Moses-tokenized lc BLEU of a decoded split (or of --hyp vs --ref).
+
+    A split's hypotheses go to RUN/hyps/<split>.<ckpt>.txt and its scores to RUN/scores.json; a
+    --beam, --alpha or --precision other than the run config's is added to the name
+    (test.best.alpha1.5.txt), so evals with other settings do not replace each other.
+    """
     import json
 
     from .metrics import format_table, score_files

@@ -296,13 +296,26 @@ def checkpoint_label(checkpoint: str) -> str:
     return path.parent.name if path.name == "model.safetensors" else path.stem
 
 
+def search_label(base: DecodeConfig, used: DecodeConfig) -> str:
+    """File-name parts for search settings that differ from the run's config, e.g. '.beam1.alpha1.5'.
+
+    Without them a second `tcli eval` of the same checkpoint with another --beam or --alpha
+    would replace the first one's hypotheses and scores.
+    """
+    parts = [f"beam{used.beam}" if used.beam != base.beam else "",
+             f"alpha{used.alpha:g}" if used.alpha != base.alpha else "",
+             used.precision if used.precision != base.precision else ""]
+    return "".join(f".{p}" for p in parts if p)
+
+
 def evaluate_run(run_dir: str | Path, split: str = "test", checkpoint: str | None = None,
                  device: str | None = None, decode: dict | None = None, quiet: bool = False,
                  ensemble: Sequence[str | Path] = ()) -> dict:
-    """Decode a prepared split, write hyps/<split>.<ckpt>.txt (and the reference), score it, update scores.json.
+    """Decode a prepared split, write hyps/<split>.<label>.txt (and the reference), score it, update scores.json.
 
-    With `ensemble` run dirs the label is <ckpt>.ensembleN (N models in all) and the scores list
-    every member's weights file.
+    The label is the checkpoint's name, then any search setting that differs from the run's
+    config (.beamB, .alphaA, .bf16/.fp32/.fp16), then .mbrN<metric> with MBR, then .ensembleN
+    (N models in all) with `ensemble` run dirs, whose scores list every member's weights file.
     """
     import json
 
@@ -315,6 +328,9 @@ def evaluate_run(run_dir: str | Path, split: str = "test", checkpoint: str | Non
     data = load_split(run_dir, split)
     hyps = translator.translate(data.src_text, progress=not quiet)
     label = checkpoint_label(checkpoint or translator.cfg.decode.checkpoint)
+    base = from_dict(_read_run_config(run_dir), str(run_dir / "config.yaml")).decode
+    base = dataclasses.replace(base, precision=resolve_precision(base.precision, translator.device, "decode.precision")[0])
+    label += search_label(base, translator.decode_cfg)
     if translator.decode_cfg.mbr:  # beside, not over, the plain beam's hyps and scores
         label += f".mbr{translator.decode_cfg.mbr}{translator.decode_cfg.mbr_metric}"
     if translator.members:
