@@ -73,13 +73,24 @@ def test_other_search_settings_write_beside_not_over(smoke_run, one_thread, caps
 
 
 def test_search_label_names_only_what_differs_from_the_run():
+    import torch
+
     from transformer_cli.config import DecodeConfig
+    from transformer_cli.device import resolve_precision
     from transformer_cli.translator import search_label
 
+    cpu = torch.device("cpu")
     base = DecodeConfig(beam=5, alpha=0.6, precision="fp32")
-    assert search_label(base, DecodeConfig(beam=5, alpha=0.6, precision="fp32", max_tokens=100, threads=1)) == ""
-    assert search_label(base, DecodeConfig(beam=1, alpha=1.5, precision="bf16")) == ".beam1.alpha1.5.bf16"
-    assert search_label(base, DecodeConfig(beam=5, alpha=1.0)) == ".alpha1"
+    assert search_label(base, DecodeConfig(beam=5, alpha=0.6, precision="fp32", max_tokens=100, threads=1), cpu) == ""
+    assert search_label(base, DecodeConfig(beam=1, alpha=1.5, precision="bf16"), cpu) == ".beam1.alpha1.5.bf16"
+    assert search_label(base, DecodeConfig(beam=5, alpha=1.0), cpu) == ".alpha1"
+    # a run trained and configured for a GPU (fp16) is evaluated on a CPU with --precision fp32
+    assert search_label(DecodeConfig(precision="fp16"), DecodeConfig(precision="fp32"), cpu) == ".fp32"
+    # auto names whatever this CPU resolves it to, so choosing that explicitly adds nothing
+    auto = resolve_precision("auto", cpu, "decode.precision")[0]
+    other = "fp32" if auto == "bf16" else "bf16"
+    assert search_label(DecodeConfig(precision="auto"), DecodeConfig(precision=auto), cpu) == ""
+    assert search_label(DecodeConfig(precision="auto"), DecodeConfig(precision=other), cpu) == f".{other}"
 
 
 def test_eval_files_line_mismatch_and_option_errors(tmp_path, capsys):

@@ -296,15 +296,17 @@ def checkpoint_label(checkpoint: str) -> str:
     return path.parent.name if path.name == "model.safetensors" else path.stem
 
 
-def search_label(base: DecodeConfig, used: DecodeConfig) -> str:
+def search_label(base: DecodeConfig, used: DecodeConfig, device: torch.device) -> str:
     """File-name parts for search settings that differ from the run's config, e.g. '.beam1.alpha1.5'.
 
     Without them a second `tcli eval` of the same checkpoint with another --beam or --alpha
-    would replace the first one's hypotheses and scores.
+    would replace the first one's hypotheses and scores. `used.precision` is resolved; the
+    config's is compared as written, but auto as what it means on `device`.
     """
+    precision = resolve_precision("auto", device, "decode.precision")[0] if base.precision == "auto" else base.precision
     parts = [f"beam{used.beam}" if used.beam != base.beam else "",
              f"alpha{used.alpha:g}" if used.alpha != base.alpha else "",
-             used.precision if used.precision != base.precision else ""]
+             used.precision if used.precision != precision else ""]
     return "".join(f".{p}" for p in parts if p)
 
 
@@ -328,9 +330,8 @@ def evaluate_run(run_dir: str | Path, split: str = "test", checkpoint: str | Non
     data = load_split(run_dir, split)
     hyps = translator.translate(data.src_text, progress=not quiet)
     label = checkpoint_label(checkpoint or translator.cfg.decode.checkpoint)
-    base = from_dict(_read_run_config(run_dir), str(run_dir / "config.yaml")).decode
-    base = dataclasses.replace(base, precision=resolve_precision(base.precision, translator.device, "decode.precision")[0])
-    label += search_label(base, translator.decode_cfg)
+    run_decode = from_dict(_read_run_config(run_dir), str(run_dir / "config.yaml")).decode  # without the options
+    label += search_label(run_decode, translator.decode_cfg, translator.device)
     if translator.decode_cfg.mbr:  # beside, not over, the plain beam's hyps and scores
         label += f".mbr{translator.decode_cfg.mbr}{translator.decode_cfg.mbr_metric}"
     if translator.members:
