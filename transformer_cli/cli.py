@@ -278,9 +278,8 @@ def eval_cmd(
 ) -> None:
     """sacreBLEU BLEU (cased, 13a), lowercased BLEU, chrF and Moses-tokenized lc BLEU of a decoded split (or of --hyp vs --ref).
 
-    A split's hypotheses go to RUN/hyps/<split>.<ckpt>.txt and its scores to RUN/scores.json; a
-    --beam, --alpha or --precision other than the run config's is added to the name
-    (test.best.alpha1.5.txt), so evals with other settings do not replace each other.
+    Hypotheses go to RUN/hyps/<split>.<ckpt>.txt and scores to RUN/scores.json.
+    A --beam, --alpha or --precision other than the config's goes into the name: test.best.alpha1.5.txt.
     """
     import json
 
