@@ -406,14 +406,18 @@ def readme_block(results: list[dict], results_path: Path, doc_path: Path, readme
     return "\n".join(lines + ["", END]) + "\n"
 
 
-def with_earlier_curves(figures: list[str], earlier: list[dict], out: Path) -> list[str]:
-    """The figures plus the training curves (OUT/training_<config>.png) of configs only earlier runs measured,
-    placed after the last curve given, so a report on some configs still links every config's curves."""
-    curves = [str(out / f"training_{Path(r['config']).stem}.png") for r in earlier]
+def with_earlier_figures(figures: list[str], earlier: list[dict], out: Path) -> list[str]:
+    """The figures plus the training curves and heatmaps (OUT/training_<config>.png, OUT/attention_<config>.png)
+    of configs only earlier runs measured: curves after the last curve given, heatmaps at the end, so a report
+    on some configs still links every config's pictures."""
     known = {Path(f).name for f in figures}
-    add = [c for i, c in enumerate(curves) if c not in curves[:i] and Path(c).name not in known and Path(c).is_file()]
+
+    def extra(prefix: str) -> list[str]:
+        paths = [str(out / f"{prefix}_{Path(r['config']).stem}.png") for r in earlier]
+        return [p for i, p in enumerate(paths) if p not in paths[:i] and Path(p).name not in known and Path(p).is_file()]
+
     last = max((i for i, f in enumerate(figures) if Path(f).name.startswith("training_")), default=-1)
-    return figures[:last + 1] + add + figures[last + 1:]
+    return figures[:last + 1] + extra("training") + figures[last + 1:] + extra("attention")
 
 
 def report(run_dirs: list[Path], results_path: Path, doc_path: Path, speed_path: Path | None, figures: list[str],
@@ -426,7 +430,7 @@ def report(run_dirs: list[Path], results_path: Path, doc_path: Path, speed_path:
         modes = {r["mode"] for r in results}
         earlier = [r for r in read_json(results_path) if r.get("run_dir") not in now and r.get("mode") in modes]
         results = earlier + results
-        figures = with_earlier_curves(figures, earlier, results_path.parent)
+        figures = with_earlier_figures(figures, earlier, results_path.parent)
     for r in results:
         check_record(r)
     atomic_write_text(results_path, json.dumps(results, indent=1) + "\n")

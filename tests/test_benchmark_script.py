@@ -246,9 +246,9 @@ def test_rows_from_before_the_tokenized_score_show_a_dash_and_alone_keep_the_old
     assert "tok lc" not in alone[0] and alone[1].count("---") == alone[0].count("|") - 1
 
 
-def test_report_on_some_configs_still_links_earlier_configs_curves(pipeline, tmp_path):
-    """Rerunning the report for one config keeps the training-curve links of the configs measured before
-    (the PNGs are in the results folder), after the given curves and before the attention heatmap."""
+def test_report_on_some_configs_still_links_earlier_configs_figures(pipeline, tmp_path):
+    """Rerunning the report for one config keeps the links to the training curves and heatmaps of the configs
+    measured before (the PNGs are in the results folder): curves after the given curves, heatmaps last."""
     real = json.loads((pipeline["run"] / "bench" / "result.json").read_text())
     other = tmp_path / "other"
     (other / "bench").mkdir(parents=True)
@@ -258,13 +258,19 @@ def test_report_on_some_configs_still_links_earlier_configs_curves(pipeline, tmp
     figures = [str(tmp_path / "training_tiny.png"), str(tmp_path / "attention_tiny.png")]
     benchmark.report([other], results, doc, None, [], readme)
     benchmark.report([pipeline["run"]], results, doc, None, figures, readme)
-    assert "training_other_cfg" not in readme.read_text()  # no PNG, no link
+    assert "other_cfg.png" not in readme.read_text()  # no PNG, no link
     (tmp_path / "training_other_cfg.png").write_bytes(b"png")
     benchmark.report([pipeline["run"]], results, doc, None, figures, readme)
     line = next(x for x in readme.read_text().splitlines() if x.startswith("Figures: "))
     assert line == ("Figures: [training_tiny](training_tiny.png), [training_other_cfg](training_other_cfg.png), "
                     "[attention_tiny](attention_tiny.png)")
     assert "- [training_other_cfg](training_other_cfg.png)" in doc.read_text()
+    (tmp_path / "attention_other_cfg.png").write_bytes(b"png")
+    benchmark.report([pipeline["run"]], results, doc, None, figures, readme)
+    line = next(x for x in readme.read_text().splitlines() if x.startswith("Figures: "))
+    assert line.endswith("[attention_tiny](attention_tiny.png), [attention_other_cfg](attention_other_cfg.png)")
+    assert line.count("attention_other_cfg.png") == 1
+    assert "- [attention_other_cfg](attention_other_cfg.png)" in doc.read_text()
 
 
 def test_decode_rows_reads_bench_decode_lines_and_tables(tmp_path):
