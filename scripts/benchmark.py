@@ -413,8 +413,8 @@ def with_earlier_figures(figures: list[str], earlier: list[dict], out: Path) -> 
     known = {Path(f).name for f in figures}
 
     def extra(prefix: str) -> list[str]:
-        paths = [str(out / f"{prefix}_{Path(r['config']).stem}.png") for r in earlier]
-        return [p for i, p in enumerate(paths) if p not in paths[:i] and Path(p).name not in known and Path(p).is_file()]
+        paths = dict.fromkeys(str(out / f"{prefix}_{Path(r['config']).stem}.png") for r in earlier)  # ordered, unique
+        return [p for p in paths if Path(p).name not in known and Path(p).is_file()]
 
     last = max((i for i, f in enumerate(figures) if Path(f).name.startswith("training_")), default=-1)
     return figures[:last + 1] + extra("training") + figures[last + 1:] + extra("attention")
