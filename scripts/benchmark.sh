@@ -4,7 +4,9 @@
 # time and peak memory; then the speed scripts; then docs/results.json, the `## Quality` section of
 # docs/benchmarks.md, the `## Results` block of README.md, the training curves and one
 # cross-attention heatmap. Resumable: a run whose bench/result.json exists is skipped, an
-# interrupted training continues with --resume. Progress goes to stderr.
+# interrupted training continues with --resume. A training stopped by train.max_minutes counts as
+# finished; to take it further, move its RUNS/<run name>/bench folder aside and run the same command
+# with a larger --set train.max_minutes: it continues with --resume. Progress goes to stderr.
 #
 #   scripts/benchmark.sh                       # de-en, en-de, en-fr with the shipped configs -> docs/
 #   scripts/benchmark.sh --jobs 3 --no-speed   # the same, three trainings at once
