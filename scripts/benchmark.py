@@ -124,7 +124,8 @@ def record(run_dir: Path, config: str, mode: str) -> list[dict]:
     """One result per decoded checkpoint of a run, from run_dir/bench/*.json, config.yaml and metrics.jsonl.
 
     An ensemble's result (eval.<ckpt>.ensembleN.json) counts the training of all its members:
-    minutes, steps and epochs are their sums, the command trains every member.
+    minutes, steps and epochs are their sums, the command trains every member, seed and train_stopped
+    list each member's.
     """
     from transformer_cli.config import load_config
 
@@ -179,6 +180,8 @@ def record(run_dir: Path, config: str, mode: str) -> list[dict]:
                 train_epochs=sum(x["train_epochs"] or 0 for x in sums),
                 train_peak_rss_mb=max(t["peak_rss_mb"] for t in trains),
                 seed=[load_config(r / "config.yaml").train.seed for r in runs],
+                # each member's own stop: one cut by max_minutes must not read as the first member's max_steps
+                train_stopped=[(last_json(r / "bench" / "train.stdout") or {}).get("stopped") for r in runs],
             )
         out.append(rec)
     if not out:

@@ -310,6 +310,7 @@ def test_seeds_trains_another_seed_and_reports_the_ensemble(pipeline, tmp_path):
     assert ens["ensemble"] == [str(pipeline["run"]), str(seed2)] and ens["seed"] == [1, 2]
     assert ens["train_minutes"] == pytest.approx(single["train_minutes"] + other["train_minutes"], abs=0.011)
     assert ens["train_steps"] == single["train_steps"] + other["train_steps"]
+    assert ens["train_stopped"] == [single["train_stopped"], other["train_stopped"]] == ["max_steps"] * 2
     assert ens["command"] == f"{single['command']} && {other['command']}" and "train.seed=2" in ens["command"]
     assert f"--ensemble {seed2}" in ens["eval_command"]
     readme = (out / "README.md").read_text()
