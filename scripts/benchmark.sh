@@ -168,14 +168,19 @@ run_config() {
 
 # ensemble_config CONFIG: decode the test set with the ensemble of the config's SEEDS runs
 ensemble_config() {
-  local config=$1 stem run bench ck name k members=()
+  local config=$1 stem run bench ck name k member stale=0 members=()
   stem=$(basename "$config" .yaml)
   run="$RUNS/$stem"
   bench="$run/bench"
   ck=best; [[ -d $run/checkpoints/averaged ]] && ck=averaged
-  for ((k = 2; k <= SEEDS; k++)); do members+=(--ensemble "$RUNS/$(run_name "$config" "$k")"); done
   name="$ck.ensemble$SEEDS"
-  if [[ ! -f $bench/eval.$name.json || $FORCE == 1 ]]; then
+  for ((k = 1; k <= SEEDS; k++)); do
+    member="$RUNS/$(run_name "$config" "$k")"
+    (( k > 1 )) && members+=(--ensemble "$member")
+    # a member trained further (--resume) since the ensemble was decoded makes that decode stale
+    [[ $member/checkpoints/$ck/model.safetensors -nt $bench/eval.$name.json ]] && stale=1
+  done
+  if [[ ! -f $bench/eval.$name.json || $stale == 1 || $FORCE == 1 ]]; then
     log "$stem: decoding the test set with the ensemble of $SEEDS seeds ($ck checkpoints), beam $BEAM"
     "${PY[@]}" measure --json "$bench/eval.$name.measure.json" -- \
       "${TCLI[@]}" eval --run-dir "$run" --split test --checkpoint "$ck" "${members[@]}" --beam "$BEAM" --json \

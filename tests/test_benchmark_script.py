@@ -319,6 +319,26 @@ def test_seeds_trains_another_seed_and_reports_the_ensemble(pipeline, tmp_path):
     assert not (out / "training_tiny_seed2.png").exists()  # curves of the config's own run only
 
 
+def test_ensemble_is_decoded_again_when_a_member_changed(pipeline, tmp_path):
+    """A rerun reuses the ensemble's decode, unless a member's checkpoint is newer (trained further)."""
+    args = ("--quick", "--seeds", "2", "--jobs", "2", "--configs", str(pipeline["config"]),
+            "--runs", str(pipeline["runs"]), "--out", str(tmp_path / "out"), "--no-speed",
+            "--set", "train.max_steps=20", "--set", "train.valid_every=10")
+    decoding = "decoding the test set with the ensemble of 2 seeds"
+    assert run_benchmark(*args).returncode == 0  # trains seed 2 if no earlier test did
+    again = run_benchmark(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert decoding not in again.stderr
+    member = pipeline["runs"] / "tiny_seed2" / "checkpoints" / "averaged" / "model.safetensors"
+    decoded = pipeline["run"] / "bench" / "eval.averaged.ensemble2.json"
+    before = decoded.stat().st_mtime
+    os.utime(member, (before + 60, before + 60))  # as a --resume that took seed 2 further would leave it
+    redo = run_benchmark(*args)
+    assert redo.returncode == 0, redo.stderr[-3000:]
+    assert decoding in redo.stderr
+    assert decoded.stat().st_mtime > before
+
+
 def test_record_of_a_run_with_a_bad_config_is_one_line_not_a_traceback(tmp_path):
     run = tmp_path / "run"
     (run / "bench").mkdir(parents=True)
