@@ -290,12 +290,17 @@ def test_decode_rows_reads_bench_decode_lines_and_tables(tmp_path):
         benchmark.decode_rows(log)
 
 
+def seeds_args(pipeline, out: Path) -> tuple[str, ...]:
+    """benchmark.sh arguments for the pipeline's tiny config with a second seed and their ensemble."""
+    return ("--quick", "--seeds", "2", "--jobs", "2", "--configs", str(pipeline["config"]),
+            "--runs", str(pipeline["runs"]), "--out", str(out), "--no-speed",
+            "--set", "train.max_steps=20", "--set", "train.valid_every=10")
+
+
 def test_seeds_trains_another_seed_and_reports_the_ensemble(pipeline, tmp_path):
     """--seeds 2: the finished run is kept, seed 2 trains beside it, the two decode the test set together."""
     out = tmp_path / "out"
-    r = run_benchmark("--quick", "--seeds", "2", "--jobs", "2", "--configs", str(pipeline["config"]),
-                      "--runs", str(pipeline["runs"]), "--out", str(out), "--no-speed",
-                      "--set", "train.max_steps=20", "--set", "train.valid_every=10")
+    r = run_benchmark(*seeds_args(pipeline, out))
     assert r.returncode == 0, r.stderr[-3000:]
     seed2 = pipeline["runs"] / "tiny_seed2"
     assert "train.seed=2" in (seed2 / "bench" / "log").read_text()
@@ -321,9 +326,7 @@ def test_seeds_trains_another_seed_and_reports_the_ensemble(pipeline, tmp_path):
 
 def test_ensemble_is_decoded_again_when_a_member_changed(pipeline, tmp_path):
     """A rerun reuses the ensemble's decode, unless a member's checkpoint is newer (trained further)."""
-    args = ("--quick", "--seeds", "2", "--jobs", "2", "--configs", str(pipeline["config"]),
-            "--runs", str(pipeline["runs"]), "--out", str(tmp_path / "out"), "--no-speed",
-            "--set", "train.max_steps=20", "--set", "train.valid_every=10")
+    args = seeds_args(pipeline, tmp_path / "out")
     decoding = "decoding the test set with the ensemble of 2 seeds"
     assert run_benchmark(*args).returncode == 0  # trains seed 2 if no earlier test did
     again = run_benchmark(*args)
