@@ -7,7 +7,8 @@ models of the same direction that need not share the run's tokenizer.
         --split test --nbest 5 --weights 0.5 --out test.reranked.en   # then use it once on test
     (--channel twice or more: the channel models score as an ensemble, the mean of their probabilities;
      --rescorer RUN (repeatable) with --rescorer-weights adds same-direction models, e.g. runs with
-     another vocabulary, which `--ensemble` cannot combine)
+     another vocabulary, which `--ensemble` cannot combine; --alpha sets the beam search's length
+     penalty, to be chosen on validation like the weights)
 
 The run decodes the split's sources with beam search and keeps the n best (with their
 length-normalised scores s(y|x), the beam's own ranking). The channel run, which translates the
@@ -117,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the channel and rescorer runs' checkpoint, unless named as RUN/checkpoints/NAME (default: best)")
     ap.add_argument("--nbest", type=int, default=5, help="candidates per sentence (default: 5)")
     ap.add_argument("--beam", type=int, default=None, help="beam size (default: --nbest)")
+    ap.add_argument("--alpha", type=float, default=None,
+                    help="length penalty of the beam search and of its scores s(y|x) (default: decode.alpha)")
     ap.add_argument("--weights", default="0,0.25,0.5,0.75,1", help="comma-separated channel weights to try")
     ap.add_argument("--rescorer-weights", default="0,0.25,0.5,0.75,1", help="comma-separated rescorer weights to try")
     ap.add_argument("--out", type=Path, default=None, help="write the best weight's translations here")
@@ -163,7 +166,7 @@ def run(args) -> None:
     beam = args.beam or args.nbest
     if args.nbest < 1 or beam < args.nbest:
         raise ConfigError(f"--nbest must be >= 1 and at most the beam size, got --nbest {args.nbest} --beam {beam}")
-    decode = dict(beam=beam, nbest=args.nbest, threads=args.threads)
+    decode = dict(beam=beam, nbest=args.nbest, threads=args.threads, alpha=args.alpha)
     direct = Translator.from_run_dir(args.run_dir, args.checkpoint, device=args.device, decode=decode,
                                      ensemble=args.ensemble)
     pair = (direct.cfg.data.src_lang, direct.cfg.data.tgt_lang)

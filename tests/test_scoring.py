@@ -220,6 +220,21 @@ def test_rerank_weight_zero_is_beam_search_and_others_use_the_channel(smoke_run,
     assert round(corpus_scores(written, data.tgt_text)["bleu"], 2) == best["bleu"]
 
 
+def test_rerank_alpha_is_the_length_penalty_of_its_beam_search(smoke_run, reverse_run):  # noqa: F811
+    """--alpha decodes the n-best with that length penalty: weight 0 then equals `translate` with it."""
+    from transformer_cli.data import load_split
+
+    data = load_split(smoke_run, "test")
+    bleu = {alpha: round(corpus_scores(Translator.from_run_dir(smoke_run, decode={"beam": 3, "alpha": alpha})
+                                       .translate(data.src_text), data.tgt_text)["bleu"], 2)
+            for alpha in (0.6, 3.0)}  # 0.6: decode.alpha by default
+    assert bleu[0.6] != bleu[3.0]  # else this test could not tell whether --alpha is used
+    result = _rerank("--run-dir", smoke_run, "--channel", reverse_run, "--split", "test", "--nbest", "3",
+                     "--alpha", "3", "--weights", "0", "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[0])["bleu"] == bleu[3.0]
+
+
 def test_rerank_with_a_rescorer_follows_its_scores(smoke_run, tmp_path):  # noqa: F811
     """With a huge rescorer weight each sentence keeps the candidate the rescorer scores best per token."""
     from safetensors.torch import load_file, save_file
