@@ -192,7 +192,7 @@ def run(args) -> None:
     chan = scores_of("channel", channel, hyps, srcs) if channel else [0.0] * len(hyps)
     rescored = [scores_of("rescorer", r, srcs, hyps) for r in rescorers]
     resc = [sum(col) / len(col) for col in zip(*rescored)] if rescorers else [0.0] * len(hyps)
-    log(f"scored {len(hyps)} candidates with {int(channel is not None)} channel and {len(rescorers)} "
+    log(f"scored {len(hyps)} candidates with {len(args.channel or [])} channel and {len(rescorers)} "
         f"rescorer model(s) in {time.perf_counter() - start:.1f} s")
     features = regroup(list(zip([s for cands in nbest for _, s in cands], chan, resc)), nbest)
     best_bleu, best_weights, best_hyps = float("-inf"), None, []
