@@ -60,6 +60,8 @@ def test_overrides_parse_yaml_scalars():
         (["train.bidirectional_epochs=-1"], "'train.bidirectional_epochs' must be >= 0"),
         (["train.bidirectional_epochs=2", "tokenizer.joint=false", "model.tie_embeddings=false"],
          "'train.bidirectional_epochs' trains on reversed pairs, which needs one vocabulary for both sides"),
+        (["train.cycles=0"], "'train.cycles' must be > 0"),
+        (["train.cycles=3", "train.schedule=inverse_sqrt"], "'train.cycles' (3) restarts the cosine schedule"),
     ],
 )
 def test_bad_values_name_the_key(sets, needle):

@@ -422,3 +422,22 @@ def test_ema_checkpoint_tracks_training_resumes_exactly_and_evaluates(baseline, 
     result = run_tcli("eval", "--run-dir", str(runs["whole"]), "--checkpoint", "ema", "--beam", "1")
     assert result.returncode == 0, result.stderr
     assert "bleu" in result.stdout.lower()
+
+
+def test_cosine_cycles_keep_a_snapshot_at_each_cycle_end_that_decode_as_an_ensemble(baseline, tiny_data, tmp_path):
+    """train.cycles=3 over 45 updates validates and keeps checkpoints/cycle_K at updates 15, 30, 45 (the
+    floor of each restarted cosine); the last snapshot is the final weights; the three decode together."""
+    run_dir = prepared_copy(baseline, tmp_path / "cycles")
+    in_process(run_dir, tiny_data, "train.schedule=cosine", "train.min_lr=1e-5", "train.cycles=3",
+               "train.valid_every=20")
+    root = run_dir / "checkpoints"
+    steps = [json.loads((root / f"cycle_{k}" / "info.json").read_text())["step"] for k in (1, 2, 3)]
+    assert steps == [15, 30, 45]
+    assert {15, 20, 30, 40, 45} <= {m["step"] for m in metrics(run_dir) if "valid_bleu" in m}  # cycle ends validated too
+    snapshots = [load_file(str(root / f"cycle_{k}" / "model.safetensors")) for k in (1, 2, 3)]
+    assert bitwise_equal(snapshots[2], final_weights(run_dir))
+    assert not bitwise_equal(snapshots[0], snapshots[1])
+    result = run_tcli("eval", "--run-dir", str(run_dir), "--checkpoint", "cycle_3", "--beam", "1",
+                      "--ensemble", str(root / "cycle_1"), "--ensemble", str(root / "cycle_2"))
+    assert result.returncode == 0, result.stderr
+    assert (run_dir / "hyps" / "test.cycle_3.beam1.ensemble3.txt").is_file()

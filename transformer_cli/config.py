@@ -97,6 +97,7 @@ class TrainConfig:
     schedule: str = "inverse_sqrt"  # inverse_sqrt | constant | cosine
     warmup_steps: int = 4000  # linear warmup updates
     min_lr: float = 0.0  # cosine floor
+    cycles: int = 1  # cosine only: > 1 restarts it, each cycle's end kept as checkpoints/cycle_K (snapshot ensemble)
     label_smoothing: float = 0.1  # label smoothing of the cross-entropy
     rdrop_alpha: float = 0.0  # > 0: R-Drop, each batch runs twice (two dropout masks, 2x compute) + alpha/4 * their symmetric KL
     subword_alpha: float = 0.0  # > 0: a new sampled segmentation each epoch (unigram: sharpness; bpe: dropout)
@@ -189,7 +190,7 @@ POSITIVE = {
     "tokenizer.vocab_size", "tokenizer.input_sentence_size", "model.d_model", "model.num_heads",
     "model.ff_size", "model.encoder_layers", "model.decoder_layers", "model.max_len",
     "data.max_len", "data.num_proc", "train.max_tokens", "train.update_freq", "train.lr",
-    "train.valid_every", "train.keep_best", "train.keep_last", "train.log_every", "decode.beam",
+    "train.valid_every", "train.cycles", "train.keep_best", "train.keep_last", "train.log_every", "decode.beam",
     "decode.max_tokens", "decode.nbest", "decode.temperature",
 }
 NON_NEGATIVE = {
@@ -321,6 +322,9 @@ def validate(cfg: Config, where: str = "config") -> None:
     if cfg.tokenizer.model_type == "bpe" and cfg.train.subword_alpha >= 1:
         raise ConfigError(f"{where}: key 'train.subword_alpha' is the BPE-dropout probability for a bpe "
                           f"tokenizer and must be < 1, got {cfg.train.subword_alpha}")
+    if cfg.train.cycles > 1 and cfg.train.schedule != "cosine":
+        raise ConfigError(f"{where}: key 'train.cycles' ({cfg.train.cycles}) restarts the cosine schedule; "
+                          f"set train.schedule: cosine (got {cfg.train.schedule})")
     if cfg.train.bidirectional_epochs and not cfg.tokenizer.joint:
         raise ConfigError(f"{where}: key 'train.bidirectional_epochs' trains on reversed pairs, which needs one "
                           "vocabulary for both sides: set tokenizer.joint: true")

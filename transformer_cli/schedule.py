@@ -1,5 +1,9 @@
 """Learning-rate schedules as LambdaLR factors: inverse_sqrt (Noam), constant and cosine, all with linear warmup.
 
+Cosine can restart (`train.cycles` > 1, SGDR without re-warmup): the planned updates split into equal
+cycles, each annealing from the peak to the floor, so every cycle's end is a converged snapshot
+(snapshot ensembles, Huang et al. 2017).
+
 `factor(u)` multiplies `train.lr` for update number u (1-based). LambdaLR counts from 0, so the
 scheduler passes `last_epoch + 1`: the first update already gets lr / warmup_steps, never 0.
 """
@@ -27,15 +31,23 @@ def constant(warmup_steps: int) -> Callable[[int], float]:
     return lambda u: min(u / w, 1.0)
 
 
-def cosine(warmup_steps: int, total_steps: int, floor: float) -> Callable[[int], float]:
-    """Linear warmup to 1, then a half cosine from 1 down to `floor` at `total_steps` (held after)."""
+def cycle_ends(total_steps: int, cycles: int) -> list[int]:
+    """The last update of each of `cycles` equal cycles of `total_steps` updates."""
+    return [round(k * total_steps / cycles) for k in range(1, cycles + 1)]
+
+
+def cosine(warmup_steps: int, total_steps: int, floor: float, cycles: int = 1) -> Callable[[int], float]:
+    """Linear warmup to 1, then a half cosine from 1 down to `floor` at the end of each cycle (held after
+    the last); the first cycle holds the warmup, the others restart at 1."""
     w = max(warmup_steps, 1)
-    span = max(total_steps - warmup_steps, 1)
+    ends = cycle_ends(total_steps, cycles)
+    starts = [warmup_steps] + ends[:-1]  # the update each cosine counts from
 
     def factor(u: int) -> float:
         if u < w:
             return u / w
-        progress = min((u - warmup_steps) / span, 1.0)
+        k = next((i for i, end in enumerate(ends) if u <= end), len(ends) - 1)
+        progress = min((u - starts[k]) / max(ends[k] - starts[k], 1), 1.0)
         return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return factor
@@ -51,7 +63,10 @@ def lr_factor(cfg: TrainConfig, total_steps: int = 0) -> Callable[[int], float]:
         raise ConfigError("key 'train.schedule' is cosine, which needs train.max_steps or train.max_epochs to know its length")
     if cfg.min_lr > cfg.lr:
         raise ConfigError(f"key 'train.min_lr' ({cfg.min_lr}) must not exceed train.lr ({cfg.lr})")
-    return cosine(cfg.warmup_steps, total_steps, cfg.min_lr / cfg.lr)
+    if cfg.cycles > 1 and total_steps < cfg.cycles * (cfg.warmup_steps + 1):
+        raise ConfigError(f"key 'train.cycles' ({cfg.cycles}) leaves cycles shorter than the warmup "
+                          f"(train.warmup_steps {cfg.warmup_steps}) in {total_steps} planned updates")
+    return cosine(cfg.warmup_steps, total_steps, cfg.min_lr / cfg.lr, cfg.cycles)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int = 0):

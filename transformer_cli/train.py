@@ -39,7 +39,7 @@ from .ema import EMA
 from .errors import ConfigError, DataError, TcliError
 from .io_utils import atomic_write_text
 from .loss import rdrop_loss_sum, token_loss_sum
-from .schedule import build_optimizer, build_scheduler
+from .schedule import build_optimizer, build_scheduler, cycle_ends
 
 # Keys that may change between a run and its --resume: limits, logging, decoding, where it runs.
 RESUMABLE_KEYS = {
@@ -350,6 +350,9 @@ class Trainer:
             self.updates_per_epoch = math.ceil(self.updates_per_epoch / 2)
         self.total_steps = self._total_steps()
         self.scheduler = build_scheduler(self.optimizer, self.t, self.total_steps)
+        # a restarted cosine's cycle ends are validated and kept as checkpoints/cycle_K: {step: K}
+        self.cycle_ends = ({end: k for k, end in enumerate(cycle_ends(self.total_steps, self.t.cycles), 1)}
+                           if self.t.cycles > 1 else {})
         self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
         self.progress = Progress()
         self.records: list[dict] = []
@@ -582,6 +585,8 @@ class Trainer:
                 ck.write_checkpoint(root / ck.step_name(self.progress.step), self.model, info)
                 if self.progress.best_step == self.progress.step:
                     ck.write_checkpoint(root / "best", self.model, info)
+                if self.progress.step in self.cycle_ends:  # a snapshot: the end of one cosine cycle
+                    ck.write_checkpoint(root / f"cycle_{self.cycle_ends[self.progress.step]}", self.model, info)
             if self.ema:  # the moving average as of this step; no validation score of its own
                 with self.ema.swapped():
                     ck.write_checkpoint(root / "ema", self.model, {"step": self.progress.step,
@@ -700,7 +705,7 @@ class Trainer:
                     self.signal = int(sig)
                     self.save(None)
                     return "signal"
-                if p.step % t.valid_every == 0 and self._validate_and_save():
+                if (p.step % t.valid_every == 0 or p.step in self.cycle_ends) and self._validate_and_save():
                     return "patience"
                 if t.max_steps and p.step >= t.max_steps:
                     return self._finish("max_steps")
