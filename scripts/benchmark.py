@@ -116,8 +116,12 @@ def command_line(measured: dict, drop: tuple[str, ...] = ()) -> str:
 
 
 def ensemble_members(command: list[str]) -> list[Path]:
-    """The --ensemble run dirs of a measured `tcli eval` command line."""
-    return [Path(command[i + 1]) for i, word in enumerate(command[:-1]) if word == "--ensemble"]
+    """The run dirs of a measured `tcli eval` command line's --ensemble members; a checkpoint folder
+    (RUN/checkpoints/NAME, e.g. a train.cycles snapshot) counts as its run."""
+    from transformer_cli.checkpoint import checkpoint_in_run
+
+    members = [Path(command[i + 1]) for i, word in enumerate(command[:-1]) if word == "--ensemble"]
+    return [inside[1] if (inside := checkpoint_in_run(m)) else m for m in members]
 
 
 def record(run_dir: Path, config: str, mode: str) -> list[dict]:
@@ -169,7 +173,8 @@ def record(run_dir: Path, config: str, mode: str) -> list[dict]:
         if name.split(".")[0] == "averaged":
             rec["averaged"] = read_json(run_dir / "checkpoints" / "averaged" / "info.json")["averaged"]
         if scores.get("ensemble"):
-            runs = [run_dir, *ensemble_members(mem["command"])]
+            # each training once: the snapshots of one run (train.cycles) share its training
+            runs = list({r.resolve(): r for r in [run_dir, *ensemble_members(mem["command"])]}.values())
             trains = [read_json(r / "bench" / "train.measure.json") for r in runs]
             sums = [metrics_summary(r) for r in runs]
             rec.update(
@@ -267,8 +272,11 @@ def fmt(value, digits: int = 2) -> str:
 
 
 def checkpoint_label(r: dict) -> str:
-    """'best', 'averaged (N ckpts)', '..., seed S' for another seed, 'ensemble of M x ...' for an ensemble."""
+    """'best', 'averaged (N ckpts)', '..., seed S' for another seed, 'ensemble of M x ...' for an ensemble,
+    'ensemble of its K cycle snapshots' for one run's train.cycles checkpoints."""
     label = r["checkpoint"].split(".")[0] + (f" ({len(r['averaged'])} ckpts)" if r.get("averaged") else "")
+    if r.get("ensemble") and len(r["ensemble"]) == 1:  # one run's train.cycles snapshots
+        return f"ensemble of its {len(r['ensemble_checkpoints'])} cycle snapshots" + (f", seed {r['seed'][0]}" if r.get("seed_override") else "")
     if r.get("ensemble"):
         return f"ensemble of {len(r['ensemble'])} x {label}, seeds {', '.join(map(str, r['seed']))}"
     return label + (f", seed {r['seed']}" if r.get("seed_override") else "")

@@ -161,6 +161,22 @@ run_config() {
       > "$bench/eval.$ck.json.tmp"
     mv "$bench/eval.$ck.json.tmp" "$bench/eval.$ck.json"
   done
+  # train.cycles > 1: the cycle snapshots decode together, an ensemble from this one run
+  local snapshots=() cycles=() last_cycle k name
+  for ((k = 1; k < 100; k++)); do
+    [[ -d $run/checkpoints/cycle_$k ]] || break
+    cycles+=("cycle_$k")
+  done
+  if (( ${#cycles[@]} > 1 )); then
+    last_cycle=${cycles[${#cycles[@]} - 1]}  # decoded as --checkpoint, the others as --ensemble
+    for ck in "${cycles[@]:0:${#cycles[@]} - 1}"; do snapshots+=(--ensemble "$run/checkpoints/$ck"); done
+    name="$last_cycle.ensemble${#cycles[@]}"
+    log "$stem: decoding the test set with the ensemble of its ${#cycles[@]} cycle snapshots, beam $BEAM"
+    "${PY[@]}" measure --json "$bench/eval.$name.measure.json" -- \
+      "${TCLI[@]}" eval --run-dir "$run" --split test --checkpoint "$last_cycle" "${snapshots[@]}" --beam "$BEAM" \
+      --json --quiet > "$bench/eval.$name.json.tmp"
+    mv "$bench/eval.$name.json.tmp" "$bench/eval.$name.json"
+  fi
   if [[ $plot == 1 ]]; then "${TCLI[@]}" plot --run-dir "$run" -o "$OUT/training_$stem.png" >&2; fi
   "${PY[@]}" record --run-dir "$run" --config "$config" --mode "$MODE"
   log "$stem: done ($(elapsed))"

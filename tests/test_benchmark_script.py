@@ -367,3 +367,21 @@ def test_a_run_with_ema_also_reports_the_ema_checkpoint(pipeline, tmp_path):
     assert ema["bleu"] == json.loads((runs / "tiny" / "bench" / "eval.ema.json").read_text())["bleu"]
     assert (runs / "tiny" / "hyps" / "test.ema.txt").is_file()
     assert "| ema |" in (out / "README.md").read_text()
+
+
+def test_a_run_with_cosine_cycles_reports_its_snapshot_ensemble(pipeline, tmp_path):
+    """train.cycles=2 keeps cycle_1 and cycle_2; the pipeline decodes them as an ensemble whose row counts the
+    one training once and whose hypotheses score as the row says."""
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    result = run_benchmark("--quick", "--configs", str(pipeline["config"]), "--runs", str(runs), "--out", str(out),
+                           "--no-speed", "--set", "train.max_steps=20", "--set", "train.valid_every=10",
+                           "--set", "train.schedule=cosine", "--set", "train.cycles=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads((out / "results.json").read_text())
+    assert [r["checkpoint"] for r in rows] == ["best", "averaged", "cycle_2.ensemble2"]
+    snap, run = rows[2], runs / "tiny"
+    assert snap["ensemble"] == [str(run)] and snap["seed"] == [1] and snap["train_steps"] == 20
+    assert snap["ensemble_checkpoints"] == [str(run / "checkpoints" / n / "model.safetensors") for n in ("cycle_2", "cycle_1")]
+    hyp = run / "hyps" / "test.cycle_2.ensemble2.txt"
+    assert snap["bleu"] == round(score_files(hyp, run / "hyps" / "test.ref.txt")["bleu"], 2)
+    assert "| ensemble of its 2 cycle snapshots |" in (out / "README.md").read_text()
