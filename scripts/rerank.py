@@ -7,7 +7,7 @@ models of the same direction that need not share the run's tokenizer.
         --split test --nbest 5 --weights 0.5 --out test.reranked.en   # then use it once on test
     (--channel twice or more: the channel models score as an ensemble, the mean of their probabilities;
      --rescorer RUN (repeatable) with --rescorer-weights adds same-direction models, e.g. runs with
-     another vocabulary, which `--ensemble` cannot combine; --alpha sets the beam search's length
+     another vocabulary or right-to-left runs (data.target_order: r2l), which `--ensemble` cannot combine; --alpha sets the beam search's length
      penalty, to be chosen on validation like the weights)
 
 The run decodes the split's sources with beam search and keeps the n best (with their

@@ -61,6 +61,9 @@ def test_overrides_parse_yaml_scalars():
         (["train.bidirectional_epochs=2", "tokenizer.joint=false", "model.tie_embeddings=false"],
          "'train.bidirectional_epochs' trains on reversed pairs, which needs one vocabulary for both sides"),
         (["train.cycles=0"], "'train.cycles' must be > 0"),
+        (["data.target_order=rtl"], "'data.target_order' must be one of l2r, r2l"),
+        (["data.target_order=r2l", "train.bidirectional_epochs=1"],
+         "'train.bidirectional_epochs' would feed right-to-left targets to the encoder"),
         (["train.cycles=3", "train.schedule=inverse_sqrt"], "'train.cycles' (3) restarts the cosine schedule"),
     ],
 )

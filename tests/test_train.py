@@ -233,6 +233,43 @@ def test_bidirectional_epochs_train_on_reversed_pairs_then_stop(baseline, tiny_d
     assert bitwise_equal(final_weights(runs["stopped"]), final_weights(runs["whole"]))
 
 
+def test_right_to_left_run_trains_on_reversed_targets_and_writes_text_front_to_back(baseline, tiny_data, tmp_path):
+    """data.target_order=r2l: prepare keeps the tokenizer and stores every target back to front (sources as
+    they were); the trained model's subwords come out last-first, and translate, score and the attention
+    labels turn them round through the tokenizer; an ensemble with a left-to-right run is refused."""
+    from transformer_cli.data import load_split
+    from transformer_cli.scoring import score_ids
+    from transformer_cli.translator import Translator
+
+    r2l = prepared_copy(baseline, tmp_path / "r2l")
+    in_process(r2l, tiny_data, "data.target_order=r2l", "train.max_steps=30")
+    assert (r2l / "tokenizer" / "joint.model").read_bytes() == (baseline / "tokenizer" / "joint.model").read_bytes()
+    assert json.loads((r2l / "data" / "meta.json").read_text())["summary"]["tokenizer"] == "reused"
+    for name in ("train", "valid"):
+        plain, back = load_split(baseline, name), load_split(r2l, name)
+        assert len(plain) == len(back) and back.tgt_text == plain.tgt_text
+        for i in (0, len(plain) // 2, len(plain) - 1):
+            assert back.src[i].tolist() == plain.src[i].tolist()
+            assert back.tgt[i].tolist() == plain.tgt[i].tolist()[::-1] != plain.tgt[i].tolist()
+
+    translator = Translator.from_run_dir(r2l, "last", device="cpu", decode={"beam": 1})
+    source = load_split(r2l, "valid").src_text[0]
+    shown = translator.attention(source)
+    pieces = shown["tgt_pieces"][:-1]  # the model's order, then </s>
+    assert len(pieces) > 1 and shown["translation"] == "".join(reversed(pieces)).replace("\u2581", " ").strip()
+    assert translator.translate([source]) == [shown["translation"]]
+    target = load_split(r2l, "valid").tgt_text[0]
+    plain_tok = Translator.from_run_dir(baseline, "last", device="cpu").tokenizer
+    ids = plain_tok.encode_tgt([target])[0]
+    how = (translator.device, translator.decode_cfg.precision)
+    expected = score_ids(translator.model, translator.encode([source]), [ids[::-1]], *how)
+    forward = score_ids(translator.model, translator.encode([source]), [ids], *how)
+    (got, length), = translator.score([source], [target])
+    assert length == len(ids) + 1 and got == pytest.approx(expected[0], abs=1e-5) and got != pytest.approx(forward[0])
+    with pytest.raises(ConfigError, match="an ensemble needs one order"):
+        Translator.from_run_dir(r2l, "last", device="cpu", ensemble=[baseline])
+
+
 def test_word_dropout_changes_the_run_and_resumes_bit_exactly(baseline, tiny_data, tmp_path):
     """model.word_dropout draws from torch's global generator, which the trainer state saves: a run
     stopped at step 15 and resumed ends with the uninterrupted run's weights, and both differ from a

@@ -46,6 +46,11 @@ class DataConfig:
     max_ratio: float = 3.0  # drop training pairs whose length ratio exceeds this (0 = off)
     dedup: bool = False  # drop repeated training pairs
     num_proc: int = 1  # processes for encoding
+    target_order: str = "l2r"  # l2r | r2l: r2l trains a right-to-left model (target subwords back to front), a reranking feature
+
+    @property
+    def right_to_left(self) -> bool:
+        return self.target_order == "r2l"
 
 
 @dataclass
@@ -183,6 +188,7 @@ CHOICES = {
     "train.valid_metric": ("bleu", "chrf", "loss"),
     "decode.precision": ("fp32", "bf16", "fp16", "auto"),
     "decode.mbr_metric": ("bleu", "chrf"),
+    "data.target_order": ("l2r", "r2l"),
     "eval.split": ("test", "valid"),
 }
 
@@ -328,6 +334,9 @@ def validate(cfg: Config, where: str = "config") -> None:
     if cfg.train.bidirectional_epochs and not cfg.tokenizer.joint:
         raise ConfigError(f"{where}: key 'train.bidirectional_epochs' trains on reversed pairs, which needs one "
                           "vocabulary for both sides: set tokenizer.joint: true")
+    if cfg.train.bidirectional_epochs and cfg.data.right_to_left:
+        raise ConfigError(f"{where}: key 'train.bidirectional_epochs' would feed right-to-left targets to the encoder; "
+                          "it cannot be combined with data.target_order: r2l")
     if cfg.data.src_lang == cfg.data.tgt_lang:
         raise ConfigError(f"{where}: keys 'data.src_lang' and 'data.tgt_lang' must differ")
     extra = cfg.data.extra_src_langs

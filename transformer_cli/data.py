@@ -33,7 +33,7 @@ CACHE_VERSION = 1  # bump when the files written here change meaning
 # Data keys that change neither the tokenizer nor the encoded splits.
 _NOT_IN_KEY = {"num_proc", "download"}
 # Data keys that change the encoded splits but not the tokenizer's training text.
-_NOT_IN_TOKENIZER_KEY = _NOT_IN_KEY | {"max_len", "max_ratio", "valid_split", "test_split"}
+_NOT_IN_TOKENIZER_KEY = _NOT_IN_KEY | {"max_len", "max_ratio", "valid_split", "test_split", "target_order"}
 
 
 # ----------------------------------------------------------------------------- encoded splits
@@ -520,6 +520,8 @@ def prepare(cfg: Config, run_dir: str | Path, quiet: bool = False) -> dict:
     prints = {name: fingerprint_files(fs, meta.get("files", {})) for name, fs in files.items()}
     sha = {name: [f["sha256"] for f in p.values()] for name, p in prints.items()}
     settings = {k: v for k, v in asdict(d).items() if k not in _NOT_IN_KEY}
+    if not d.right_to_left:  # the default order leaves the caches of runs prepared before the key valid
+        del settings["target_order"]
     tok_settings = {k: v for k, v in settings.items() if k not in _NOT_IN_TOKENIZER_KEY}
     tok_key = _key(CACHE_VERSION, tok_settings, asdict(cfg.tokenizer), sha["train"])
     data_key = _key(CACHE_VERSION, settings, asdict(cfg.tokenizer), sha)
@@ -559,6 +561,7 @@ def prepare(cfg: Config, run_dir: str | Path, quiet: bool = False) -> dict:
         _log(f"prepare: trained a {'joint' if tokenizer.joint else 'source/target'} {cfg.tokenizer.model_type} "
              f"tokenizer in {time.perf_counter() - t0:.1f}s", quiet)
 
+    tokenizer = tokenizer.oriented(d.right_to_left)  # r2l: the encoded targets run back to front
     summary_splits = {}
     for name in stems:
         src, tgt = _encode(tokenizer, d, *texts[name])

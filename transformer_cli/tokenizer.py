@@ -48,12 +48,21 @@ def _encode(sp, texts: Sequence[str], num_threads: int, alpha: float, nbest: int
 
 
 class Tokenizer:
-    """A source and a target sentencepiece model (the same object when the vocabulary is joint)."""
+    """A source and a target sentencepiece model (the same object when the vocabulary is joint).
 
-    def __init__(self, src_sp, tgt_sp=None):
+    right_to_left: target ids run back to front (data.target_order: r2l), so a model trained on them
+    writes the last subword first; decode_tgt turns them round again before detokenizing.
+    """
+
+    def __init__(self, src_sp, tgt_sp=None, right_to_left: bool = False):
         self.src_sp = src_sp
         self.tgt_sp = tgt_sp if tgt_sp is not None else src_sp
         self.joint = tgt_sp is None or tgt_sp is src_sp
+        self.right_to_left = right_to_left
+
+    def oriented(self, right_to_left: bool) -> "Tokenizer":
+        """The same subword models with the given target order."""
+        return Tokenizer(self.src_sp, self.tgt_sp, right_to_left)
 
     @property
     def src_vocab_size(self) -> int:
@@ -68,27 +77,29 @@ class Tokenizer:
         return _encode(self.src_sp, texts, num_threads, alpha, nbest)
 
     def encode_tgt(self, texts: Sequence[str], num_threads: int = 1, alpha: float = 0.0, nbest: int = -1) -> list[list[int]]:
-        """Target texts to bare subword ids (no BOS/EOS); alpha > 0 samples a segmentation (see subword.py)."""
-        return _encode(self.tgt_sp, texts, num_threads, alpha, nbest)
+        """Target texts to bare subword ids (no BOS/EOS), in the model's order; alpha > 0 samples a segmentation."""
+        ids = _encode(self.tgt_sp, texts, num_threads, alpha, nbest)
+        return [x[::-1] for x in ids] if self.right_to_left else ids
 
     def decode_src(self, ids_list: Iterable) -> list[str]:
         """Source ids back to text; pad/bos/eos are dropped."""
         return [self.src_sp.decode([i for i in _as_list(ids) if i not in _DROP_ON_DECODE]) for ids in ids_list]
 
     def decode_tgt(self, ids_list: Iterable) -> list[str]:
-        """Target ids back to text; pad/bos/eos are dropped."""
-        return [self.tgt_sp.decode([i for i in _as_list(ids) if i not in _DROP_ON_DECODE]) for ids in ids_list]
+        """Target ids (in the model's order) back to text; pad/bos/eos are dropped."""
+        step = -1 if self.right_to_left else 1
+        return [self.tgt_sp.decode([i for i in _as_list(ids)[::step] if i not in _DROP_ON_DECODE]) for ids in ids_list]
 
     def src_pieces(self, ids) -> list[str]:
         """Subword strings of source ids (labels for attention plots)."""
         return [self.src_sp.id_to_piece(i) for i in _as_list(ids)]
 
     def tgt_pieces(self, ids) -> list[str]:
-        """Subword strings of target ids (labels for attention plots)."""
+        """Subword strings of target ids, in the model's order (labels for attention plots)."""
         return [self.tgt_sp.id_to_piece(i) for i in _as_list(ids)]
 
     @classmethod
-    def load(cls, folder: str | Path) -> "Tokenizer":
+    def load(cls, folder: str | Path, right_to_left: bool = False) -> "Tokenizer":
         """Load the model(s) a `train_tokenizer` call saved in `folder`."""
         folder = Path(folder)
         meta_path = folder / META_FILE
@@ -99,8 +110,8 @@ class Tokenizer:
         except (OSError, ValueError) as e:
             raise DataError(f"{meta_path}: cannot read the tokenizer description ({e}); rerun `tcli prepare`") from None
         if meta.get("joint"):
-            return cls(_load_model(folder / JOINT_FILE))
-        return cls(_load_model(folder / SRC_FILE), _load_model(folder / TGT_FILE))
+            return cls(_load_model(folder / JOINT_FILE), right_to_left=right_to_left)
+        return cls(_load_model(folder / SRC_FILE), _load_model(folder / TGT_FILE), right_to_left)
 
 
 def _load_model(path: Path):

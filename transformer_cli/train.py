@@ -337,7 +337,7 @@ class Trainer:
         self.precision = precision or resolve_precision(self.t.precision, self.device, "train.precision")[0]
         self._collate, self._token_batches = collate, token_batches
         self.train_split, self.valid_split = load_split(run_dir, "train"), load_split(run_dir, "valid")
-        self.tokenizer = Tokenizer.load(run_dir / "tokenizer")
+        self.tokenizer = Tokenizer.load(run_dir / "tokenizer", cfg.data.right_to_left)
         self._epoch_data: tuple[int, object] | None = None  # (epoch, its training split), see epoch_split
         self.bar = self.tb = None
         torch.manual_seed(self.t.seed)  # the same initial weights on every rank

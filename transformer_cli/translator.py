@@ -64,7 +64,7 @@ class Translator:
             torch.set_num_threads(cfg.decode.threads)  # process-wide, as train.threads does
         checkpoint = checkpoint or cfg.decode.checkpoint
         dev = resolve_device(device or cfg.decode.device)
-        tokenizer = Tokenizer.load(run_dir / "tokenizer")
+        tokenizer = Tokenizer.load(run_dir / "tokenizer", cfg.data.right_to_left)
         model, weights = _load_model(run_dir, cfg, tokenizer, checkpoint)
         if not ensemble:
             return cls(model.to(dev), tokenizer, cfg, dev, weights)
@@ -73,7 +73,7 @@ class Translator:
         models, members = [model], [weights]
         for other, other_checkpoint in (_ensemble_member(Path(e), checkpoint) for e in ensemble):
             other_cfg = from_dict(_read_run_config(other), str(other / "config.yaml"))
-            other_tokenizer = Tokenizer.load(other / "tokenizer")
+            other_tokenizer = Tokenizer.load(other / "tokenizer", other_cfg.data.right_to_left)
             _check_compatible(run_dir, cfg, tokenizer, other, other_cfg, other_tokenizer)
             other_model, other_weights = _load_model(other, other_cfg, other_tokenizer, other_checkpoint)
             models.append(other_model)
@@ -226,6 +226,9 @@ def _check_compatible(first: Path, cfg: Config, tokenizer, other: Path, other_cf
     if pair != other_pair:
         raise ConfigError(f"--ensemble {other}: translates {'-'.join(other_pair)}, "
                           f"but {first} translates {'-'.join(pair)}")
+    if other_cfg.data.target_order != cfg.data.target_order:
+        raise ConfigError(f"--ensemble {other}: writes targets {other_cfg.data.target_order}, but {first} writes them "
+                          f"{cfg.data.target_order} (data.target_order); an ensemble needs one order")
     for side in ("src_sp", "tgt_sp"):
         if getattr(theirs, side).serialized_model_proto() != getattr(tokenizer, side).serialized_model_proto():
             raise ConfigError(f"--ensemble {other}: its tokenizer differs from {first / 'tokenizer'}; "
