@@ -7,22 +7,24 @@ models of the same direction that need not share the run's tokenizer.
         --split test --nbest 5 --weights 0.5 --out test.reranked.en   # then use it once on test
     (--channel twice or more: the channel models score as an ensemble, the mean of their probabilities;
      --rescorer RUN (repeatable) with --rescorer-weights adds same-direction models, e.g. runs with
-     another vocabulary or right-to-left runs (data.target_order: r2l), which `--ensemble` cannot combine; --alpha sets the beam search's length
+     another vocabulary, which `--ensemble` cannot combine; --r2l RUN (repeatable) with --r2l-weights
+     adds right-to-left runs (data.target_order: r2l) as a feature of their own; --alpha sets the beam search's length
      penalty, to be chosen on validation like the weights)
 
 The run decodes the split's sources with beam search and keeps the n best (with their
 length-normalised scores s(y|x), the beam's own ranking). The channel run, which translates the
 other way, scores every candidate by how well it explains the source: c(x|y) = log P(x | y) / |x|,
 |x| the source's subwords + EOS in the channel's tokenizer (tcli score). A rescorer gives
-r(y|x) = log P(y | x) / |y| in its own tokenizer (the mean over several rescorers). Each sentence
-keeps the candidate with the highest s(y|x) + w * c(x|y) + v * r(y|x); w = v = 0 is plain beam
-search. The channel term is the direct + channel part of noisy-channel reranking (Yee et al.,
+r(y|x) = log P(y | x) / |y| in its own tokenizer (the mean over several rescorers), a right-to-left
+run l(y|x) the same, read from the last subword to the first (the mean over several). Each sentence
+keeps the candidate with the highest s(y|x) + w * c(x|y) + v * r(y|x) + u * l(y|x); w = v = u = 0 is
+plain beam search. The channel term is the direct + channel part of noisy-channel reranking (Yee et al.,
 2019), without a language model.
 
 --cache DIR keeps the n-best lists and every model's scores (keyed by the weights files, their size
 and mtime, and the sentences), so trying other weights or adding a model later decodes nothing again.
-For every weight pair the script prints one JSON line to stdout (weights, BLEU, lowercased BLEU,
-chrF, how many sentences changed); --out writes the translations of the best pair (by cased BLEU).
+For every combination of weights the script prints one JSON line to stdout (weights, BLEU, lowercased
+BLEU, chrF, how many sentences changed); --out writes the translations of the best one (by cased BLEU).
 Weights must be chosen on validation and then applied to test alone, never tuned on test.
 """
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import sys
 import time
@@ -110,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="a TGT->SRC run dir (or RUN/checkpoints/NAME); repeat it for an ensemble of channel models")
     ap.add_argument("--rescorer", type=Path, action="append", default=[],
                     help="a SRC->TGT run dir (or RUN/checkpoints/NAME), any tokenizer (repeatable; their mean counts)")
+    ap.add_argument("--r2l", type=Path, action="append", default=[],
+                    help="a right-to-left SRC->TGT run dir (data.target_order: r2l) or RUN/checkpoints/NAME "
+                         "(repeatable; their mean counts, with its own weight)")
     ap.add_argument("--ensemble", type=Path, action="append", default=[],
                     help="another SRC->TGT run dir decoding with --run-dir, as `tcli translate --ensemble` (repeatable)")
     ap.add_argument("--split", default="valid", choices=["valid", "test"])
@@ -122,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="length penalty of the beam search and of its scores s(y|x) (default: decode.alpha)")
     ap.add_argument("--weights", default="0,0.25,0.5,0.75,1", help="comma-separated channel weights to try")
     ap.add_argument("--rescorer-weights", default="0,0.25,0.5,0.75,1", help="comma-separated rescorer weights to try")
+    ap.add_argument("--r2l-weights", default="0,0.25,0.5,0.75,1", help="comma-separated right-to-left weights to try")
     ap.add_argument("--out", type=Path, default=None, help="write the best weight's translations here")
     ap.add_argument("--cache", type=Path, default=None,
                     help="keep the n-best lists and model scores in this folder and reuse them in later runs")
@@ -159,10 +166,11 @@ def run(args) -> None:
     from transformer_cli.metrics import corpus_scores
     from transformer_cli.translator import Translator, one_line
 
-    if not args.channel and not args.rescorer:
-        raise ConfigError("give --channel RUN (a reverse-direction run) and/or --rescorer RUN to rerank with")
+    if not args.channel and not args.rescorer and not args.r2l:
+        raise ConfigError("give --channel RUN (a reverse-direction run) and/or --rescorer RUN (or --r2l RUN) to rerank with")
     channel_weights = parse_weights(args.weights, "--weights") if args.channel else [0.0]
     rescorer_weights = parse_weights(args.rescorer_weights, "--rescorer-weights") if args.rescorer else [0.0]
+    r2l_weights = parse_weights(args.r2l_weights, "--r2l-weights") if args.r2l else [0.0]
     beam = args.beam or args.nbest
     if args.nbest < 1 or beam < args.nbest:
         raise ConfigError(f"--nbest must be >= 1 and at most the beam size, got --nbest {args.nbest} --beam {beam}")
@@ -173,6 +181,10 @@ def run(args) -> None:
     channel = (load_scorer("--channel", args.channel[0], args.channel_checkpoint, pair[::-1], args, args.channel[1:])
                if args.channel else None)
     rescorers = [load_scorer("--rescorer", r, args.channel_checkpoint, pair, args) for r in args.rescorer]
+    r2ls = [load_scorer("--r2l", r, args.channel_checkpoint, pair, args) for r in args.r2l]
+    for path, model in zip(args.r2l, r2ls):
+        if not model.cfg.data.right_to_left:
+            raise ConfigError(f"--r2l {path} writes left to right (data.target_order: l2r); pass it as --rescorer")
     data = load_split(args.run_dir, args.split)
     start = time.perf_counter()
     nbest_key = dict(what="nbest", model=model_key(direct), beam=beam, nbest=args.nbest,
@@ -192,24 +204,26 @@ def run(args) -> None:
     chan = scores_of("channel", channel, hyps, srcs) if channel else [0.0] * len(hyps)
     rescored = [scores_of("rescorer", r, srcs, hyps) for r in rescorers]
     resc = [sum(col) / len(col) for col in zip(*rescored)] if rescorers else [0.0] * len(hyps)
+    backward = [scores_of("rescorer", r, srcs, hyps) for r in r2ls]  # a key of its own: the weights files
+    r2l = [sum(col) / len(col) for col in zip(*backward)] if r2ls else [0.0] * len(hyps)
     log(f"scored {len(hyps)} candidates with {len(args.channel or [])} channel and {len(rescorers)} "
-        f"rescorer model(s) in {time.perf_counter() - start:.1f} s")
-    features = regroup(list(zip([s for cands in nbest for _, s in cands], chan, resc)), nbest)
+        f"rescorer model(s){f', {len(r2ls)} right-to-left' if r2ls else ''} in {time.perf_counter() - start:.1f} s")
+    features = regroup(list(zip([s for cands in nbest for _, s in cands], chan, resc, r2l)), nbest)
     best_bleu, best_weights, best_hyps = float("-inf"), None, []
-    for w in channel_weights:
-        for v in rescorer_weights:
-            chosen = pick(features, (w, v))
-            out = [one_line(cands[i][0]) for cands, i in zip(nbest, chosen)]
-            scores = corpus_scores(out, data.tgt_text, direct.cfg.eval.tokenize)
-            row = dict(split=args.split, weight=w, rescorer_weight=v, bleu=round(scores["bleu"], 2),
-                       bleu_lc=round(scores["bleu_lc"], 2), chrf=round(scores["chrf"], 2),
-                       changed=sum(i != 0 for i in chosen), nbest=args.nbest, beam=beam)
-            print(json.dumps(row), flush=True)
-            if scores["bleu"] > best_bleu:
-                best_bleu, best_weights, best_hyps = scores["bleu"], (w, v), out
+    for w, v, u in itertools.product(channel_weights, rescorer_weights, r2l_weights):
+        chosen = pick(features, (w, v, u))
+        out = [one_line(cands[i][0]) for cands, i in zip(nbest, chosen)]
+        scores = corpus_scores(out, data.tgt_text, direct.cfg.eval.tokenize)
+        row = dict(split=args.split, weight=w, rescorer_weight=v, r2l_weight=u, bleu=round(scores["bleu"], 2),
+                   bleu_lc=round(scores["bleu_lc"], 2), chrf=round(scores["chrf"], 2),
+                   changed=sum(i != 0 for i in chosen), nbest=args.nbest, beam=beam)
+        print(json.dumps(row), flush=True)
+        if scores["bleu"] > best_bleu:
+            best_bleu, best_weights, best_hyps = scores["bleu"], (w, v, u), out
     if args.out is not None:
         atomic_write_text(args.out, "".join(h + "\n" for h in best_hyps))
-        log(f"wrote {args.out} (weight {best_weights[0]}, rescorer weight {best_weights[1]})")
+        log(f"wrote {args.out} (weight {best_weights[0]}, rescorer weight {best_weights[1]}, "
+            f"r2l weight {best_weights[2]})")
 
 
 if __name__ == "__main__":

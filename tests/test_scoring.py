@@ -266,6 +266,43 @@ def test_rerank_with_a_rescorer_follows_its_scores(smoke_run, tmp_path):  # noqa
     assert changed > 0  # the check above is not only beam search's own choice
 
 
+def test_rerank_with_a_right_to_left_run_follows_its_backward_scores(smoke_run, tmp_path):  # noqa: F811
+    """--r2l: with a huge weight each sentence keeps the candidate the right-to-left run scores best per
+    token, read from the last subword to the first (here the smoke model's weights under an r2l config)."""
+    from transformer_cli.config import save_config
+
+    r2l = tmp_path / "r2l"
+    shutil.copytree(smoke_run, r2l, ignore=shutil.ignore_patterns("hyps", "scores.json"))
+    cfg = Translator.from_run_dir(r2l, "last").cfg
+    cfg.data.target_order = "r2l"
+    cfg.decode.precision = "fp32"  # bf16 would let batching flip near ties between candidates
+    save_config(cfg, r2l / "config.yaml")
+    out = tmp_path / "reranked.en"
+    result = _rerank("--run-dir", smoke_run, "--r2l", r2l / "checkpoints" / "last", "--split", "test", "--nbest", "4",
+                     "--r2l-weights", "1000000", "--out", out, "--quiet")
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(r["weight"], r["rescorer_weight"], r["r2l_weight"]) for r in rows] == [(0, 0, 1000000)]
+    from transformer_cli.data import load_split
+
+    data = load_split(smoke_run, "test")
+    n = 40
+    direct = Translator.from_run_dir(smoke_run, decode={"beam": 4, "nbest": 4})
+    backward, forward = Translator.from_run_dir(r2l, "last"), Translator.from_run_dir(smoke_run, "last")
+    nbest = direct.translate_nbest(data.src_text[:n])
+    written = out.read_text(encoding="utf-8").splitlines()
+    changed = differs = 0
+    for src, cands, got in zip(data.src_text, nbest, written):
+        texts = [c for c, _ in cands]
+        per_token = [lp / k for lp, k in backward.score([src] * len(texts), texts)]
+        assert got in texts and per_token[texts.index(got)] == pytest.approx(max(per_token), abs=1e-5)
+        changed += got != texts[0]
+        differs += per_token != [lp / k for lp, k in forward.score([src] * len(texts), texts)]
+    assert changed > 0 and differs == n  # not beam search's own choice, and not the left-to-right scores
+    wrong = _rerank("--run-dir", smoke_run, "--r2l", smoke_run, "--split", "valid", "--quiet")
+    assert wrong.returncode == 2 and "writes left to right (data.target_order: l2r); pass it as --rescorer" in wrong.stderr
+
+
 def test_rerank_cache_is_reused_and_follows_the_weights_files(smoke_run, reverse_run, tmp_path):  # noqa: F811
     cache = tmp_path / "cache"
     args = ("--run-dir", smoke_run, "--channel", reverse_run, "--split", "valid", "--nbest", "2",
