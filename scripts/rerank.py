@@ -8,8 +8,8 @@ models of the same direction that need not share the run's tokenizer.
     (--channel twice or more: the channel models score as an ensemble, the mean of their probabilities;
      --rescorer RUN (repeatable) with --rescorer-weights adds same-direction models, e.g. runs with
      another vocabulary, which `--ensemble` cannot combine; --r2l RUN (repeatable) with --r2l-weights
-     adds right-to-left runs (data.target_order: r2l) as a feature of their own; --alpha sets the beam search's length
-     penalty, to be chosen on validation like the weights)
+     adds right-to-left runs (data.target_order: r2l) as a feature of their own; --alpha sets the beam
+     search's length penalty, to be chosen on validation like the weights)
 
 The run decodes the split's sources with beam search and keeps the n best (with their
 length-normalised scores s(y|x), the beam's own ranking). The channel run, which translates the
@@ -87,9 +87,11 @@ def cached(folder: Path | None, key: dict, compute):
 
 
 def model_key(translator) -> list:
-    """The weights files a Translator decodes with, with size and mtime (a retrained run is a new key)."""
+    """The weights files a Translator decodes with, with size and mtime (a retrained run is a new key),
+    and "r2l" for a right-to-left run (the same weights score other id sequences)."""
     files = [Path(p) for p in (translator.members or [translator.checkpoint])]
-    return [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+    key = [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+    return key + ["r2l"] if translator.tokenizer.right_to_left else key
 
 
 def digest(lines: Sequence[str]) -> str:
@@ -204,7 +206,7 @@ def run(args) -> None:
     chan = scores_of("channel", channel, hyps, srcs) if channel else [0.0] * len(hyps)
     rescored = [scores_of("rescorer", r, srcs, hyps) for r in rescorers]
     resc = [sum(col) / len(col) for col in zip(*rescored)] if rescorers else [0.0] * len(hyps)
-    backward = [scores_of("rescorer", r, srcs, hyps) for r in r2ls]  # a key of its own: the weights files
+    backward = [scores_of("rescorer", r, srcs, hyps) for r in r2ls]
     r2l = [sum(col) / len(col) for col in zip(*backward)] if r2ls else [0.0] * len(hyps)
     log(f"scored {len(hyps)} candidates with {len(args.channel or [])} channel and {len(rescorers)} "
         f"rescorer model(s){f', {len(r2ls)} right-to-left' if r2ls else ''} in {time.perf_counter() - start:.1f} s")

@@ -274,12 +274,15 @@ def test_rerank_with_a_right_to_left_run_follows_its_backward_scores(smoke_run, 
     r2l = tmp_path / "r2l"
     shutil.copytree(smoke_run, r2l, ignore=shutil.ignore_patterns("hyps", "scores.json"))
     cfg = Translator.from_run_dir(r2l, "last").cfg
-    cfg.data.target_order = "r2l"
     cfg.decode.precision = "fp32"  # bf16 would let batching flip near ties between candidates
     save_config(cfg, r2l / "config.yaml")
+    cache, scorer = tmp_path / "cache", r2l / "checkpoints" / "last"
+    common = ("--run-dir", smoke_run, "--split", "test", "--nbest", "4", "--cache", cache, "--quiet")
+    assert _rerank(*common, "--rescorer", scorer, "--rescorer-weights", "0").returncode == 0  # cached left to right
+    cfg.data.target_order = "r2l"  # the same weights file, now read right to left: its cached scores must not serve
+    save_config(cfg, r2l / "config.yaml")
     out = tmp_path / "reranked.en"
-    result = _rerank("--run-dir", smoke_run, "--r2l", r2l / "checkpoints" / "last", "--split", "test", "--nbest", "4",
-                     "--r2l-weights", "1000000", "--out", out, "--quiet")
+    result = _rerank(*common, "--r2l", scorer, "--r2l-weights", "1000000", "--out", out)
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in result.stdout.splitlines()]
     assert [(r["weight"], r["rescorer_weight"], r["r2l_weight"]) for r in rows] == [(0, 0, 1000000)]
