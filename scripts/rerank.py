@@ -201,13 +201,16 @@ def run(args) -> None:
         key = dict(what=role, model=model_key(model), pairs=pairs)
         return cached(args.cache, key, lambda: per_token_scores(model, sources, targets, args.quiet))
 
+    def mean_scores(models) -> list[float]:
+        """Each candidate's per-token log-prob averaged over `models` (all zeros when there are none)."""
+        rows = [scores_of("rescorer", m, srcs, hyps) for m in models]
+        return [sum(col) / len(col) for col in zip(*rows)] if rows else [0.0] * len(hyps)
+
     start = time.perf_counter()
     # the channel swaps the roles: the candidate is its source, the sentence to translate its target
     chan = scores_of("channel", channel, hyps, srcs) if channel else [0.0] * len(hyps)
-    rescored = [scores_of("rescorer", r, srcs, hyps) for r in rescorers]
-    resc = [sum(col) / len(col) for col in zip(*rescored)] if rescorers else [0.0] * len(hyps)
-    backward = [scores_of("rescorer", r, srcs, hyps) for r in r2ls]
-    r2l = [sum(col) / len(col) for col in zip(*backward)] if r2ls else [0.0] * len(hyps)
+    resc = mean_scores(rescorers)
+    r2l = mean_scores(r2ls)  # each r2l run's cache key says r2l, so sharing the "rescorer" role is safe
     log(f"scored {len(hyps)} candidates with {len(args.channel or [])} channel and {len(rescorers)} "
         f"rescorer model(s){f', {len(r2ls)} right-to-left' if r2ls else ''} in {time.perf_counter() - start:.1f} s")
     features = regroup(list(zip([s for cands in nbest for _, s in cands], chan, resc, r2l)), nbest)
